@@ -1,0 +1,27 @@
+"""linvit: linear-time global vision backbones (InfSA, Linear-InfSA, Katz-InfSA, WeightFormer) in timm.
+
+``import linvit`` registers every model with timm, so ``timm.create_model("linear_infvit_4l_patch16_224")``
+works; ``linvit.create_model`` and ``linvit.list_models`` are thin re-exports.
+"""
+
+from timm import create_model
+from timm import list_models as _timm_list_models
+
+from . import layers, models, ops
+
+__version__ = "0.1.0"
+
+LINVIT_MODEL_MODULES = ("linvit.models.infvit",)
+
+
+def list_models(filter: str = "", **kwargs) -> list[str]:
+    """Names of linvit's registered models (timm's list_models restricted to linvit's modules)."""
+    import timm.models
+
+    ours = set()
+    for mod in LINVIT_MODEL_MODULES:
+        ours |= set(timm.models.list_models(module=mod.rsplit(".", 1)[-1]))
+    return sorted(n for n in _timm_list_models(filter or "*", **kwargs) if n in ours)
+
+
+__all__ = ["create_model", "list_models", "ops", "layers", "models", "__version__"]

@@ -1,0 +1,57 @@
+"""Input validation shared by every linvit model: clear ValueErrors instead of shape asserts deep inside."""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import PatchEmbed
+
+
+def check_image_batch(
+    x: torch.Tensor,
+    in_chans: int,
+    patch_size: tuple[int, int],
+    fixed_size: tuple[int, int] | None = None,
+    pad: bool = False,
+    check_finite: bool = False,
+) -> None:
+    """Raise ValueError naming the problem if x is not a (B, in_chans, H, W) batch the model accepts.
+
+    Args:
+        x: input batch.
+        in_chans: channels the patch embedding expects.
+        patch_size: (ph, pw); H and W must be multiples unless ``pad`` is set.
+        fixed_size: (H, W) the model was built for when it does not take dynamic sizes.
+        pad: the model pads inputs up to a multiple of the patch.
+        check_finite: also reject NaN/Inf values (costs one pass over the input).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"expected a torch.Tensor image batch, got {type(x).__name__}")
+    if x.dim() != 4:
+        raise ValueError(f"expected a 4-D (B, C, H, W) image batch, got a {x.dim()}-D tensor of shape {tuple(x.shape)}")
+    _, C, H, W = x.shape
+    if C != in_chans:
+        raise ValueError(f"expected {in_chans} input channels, got {C} (input shape {tuple(x.shape)})")
+    if fixed_size is not None and (H, W) != tuple(fixed_size):
+        raise ValueError(
+            f"input size {H}x{W} differs from the model's fixed size {fixed_size[0]}x{fixed_size[1]}; "
+            "create the model with dynamic_img_size=True to accept other sizes"
+        )
+    ph, pw = patch_size
+    if not pad and (H % ph or W % pw):
+        raise ValueError(
+            f"input size {H}x{W} is not divisible by the patch size {ph}x{pw}; "
+            "resize the input or create the model with dynamic_img_pad=True"
+        )
+    if check_finite and not torch.isfinite(x).all():
+        raise ValueError("input contains NaN or Inf values")
+
+
+class CheckedPatchEmbed(PatchEmbed):
+    """timm PatchEmbed that validates its input with check_image_batch before embedding."""
+
+    check_finite: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fixed = self.img_size if (self.img_size is not None and self.strict_img_size) else None
+        check_image_batch(x, self.proj.in_channels, self.patch_size, fixed, self.dynamic_img_pad, self.check_finite)
+        return super().forward(x)

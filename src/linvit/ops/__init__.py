@@ -1,0 +1,5 @@
+"""Parameter-free tensor functions: the math of each token mixer, checked against float64 references."""
+
+from .infsa import linear_infsa, linear_infsa_importance, pure_infsa, soft_query
+
+__all__ = ["pure_infsa", "linear_infsa", "linear_infsa_importance", "soft_query"]

@@ -1,0 +1,180 @@
+"""Pure InfSA and Linear-InfSA as functions of projected q, k, v (spec/infsa.md sections 2-3).
+
+Both match the reference release (github.com/giorgioroffo/infinite-self-attention, infsa/core.py)
+operation for operation; gamma may be a float or a per-head tensor of shape (H,).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ._common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
+
+# Dense pure InfSA materialises B*H*N*N scores; above this many it switches to the two-pass form.
+DENSE_MAX_SCORES = 2**25
+# Scores held at once by the two-pass form (B*H*block*N), unless block_size is given.
+CHUNK_SCORE_BUDGET = 2**24
+
+
+def _scaled(t: torch.Tensor) -> torch.Tensor:
+    """q / sqrt(d) (and k / sqrt(d)): the reference scales both sides, so logits are q k^T / d."""
+    return t * math.sqrt(1.0 / t.shape[-1])
+
+
+def _relu_scores(q_blk: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """ReLU(q k^T / d) for a block of queries, with masked-out pairs set to zero."""
+    scores = torch.relu(_scaled(q_blk) @ _scaled(k).transpose(-2, -1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, 0.0)
+    return scores
+
+
+def _check_mask(attn_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype != torch.bool:
+        raise ValueError("InfSA supports boolean attention masks only (True = keep); got dtype " + str(attn_mask.dtype))
+    B, H, N, _ = q.shape
+    try:
+        return torch.broadcast_to(attn_mask, (B, H, N, N))
+    except RuntimeError as err:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(B, H, N, N)}") from err
+
+
+def pure_infsa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gamma: GammaLike,
+    eps: float = 1e-6,
+    *,
+    impl: Literal["auto", "dense", "chunked"] = "auto",
+    block_size: int | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """One hop of pure InfSA: gamma * ReLU(q k^T / d) / (||ReLU(q k^T / d)||_F + eps) @ v.
+
+    The Frobenius norm is taken per (batch, head) over the whole N x N matrix. ``impl="chunked"``
+    makes two passes over query blocks (norm first, output second) so at most B*H*block*N scores
+    exist at once; with gradients enabled each block is recomputed in backward (checkpointing), so
+    training memory stays bounded too. ``"auto"`` picks the chunked form above DENSE_MAX_SCORES.
+
+    Args:
+        q, k, v: (B, H, N, D) tensors.
+        gamma: discount in (0, 1): a float or a per-head tensor of shape (H,).
+        eps: added to the Frobenius norm; all-non-positive logits give a zero output, not NaN.
+        impl: "dense", "chunked" or "auto".
+        block_size: query rows per block for the chunked form (default: from CHUNK_SCORE_BUDGET).
+        attn_mask: optional boolean mask broadcastable to (B, H, N, N); False entries are removed
+            from the graph before normalisation.
+        dropout_p: dropout on the normalised scores (pass 0 at inference), as the release does.
+
+    Returns:
+        (B, H, N, D) tensor in v's dtype.
+    """
+    check_qkv(q, k, v)
+    B, H, N, _ = q.shape
+    g = gamma_as_tensor(gamma, H, v)
+    mask = _check_mask(attn_mask, q)
+    if impl == "auto":
+        impl = "chunked" if B * H * N * N > DENSE_MAX_SCORES else "dense"
+    if impl == "dense":
+        scores = _relu_scores(q, k, mask)
+        norm = torch.linalg.vector_norm(scores, dim=(-2, -1), keepdim=True, dtype=accumulation_dtype(scores))
+        scores = scores / (norm + eps).to(scores.dtype)
+        return F.dropout(g * scores, dropout_p, training=dropout_p > 0) @ v
+    if impl != "chunked":
+        raise ValueError(f"impl must be 'auto', 'dense' or 'chunked', got {impl!r}")
+    if block_size is None:
+        block_size = max(1, CHUNK_SCORE_BUDGET // max(1, B * H * N))
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    return _pure_infsa_chunked(q, k, v, g, eps, block_size, mask, dropout_p)
+
+
+def _maybe_checkpoint(fn, *args):
+    """Recompute fn in backward when autograd is recording, so no block's scores are kept."""
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
+def _pure_infsa_chunked(q, k, v, g, eps, block_size, mask, dropout_p):
+    N = q.shape[2]
+    acc = accumulation_dtype(v)
+    blocks = [(s, min(s + block_size, N)) for s in range(0, N, block_size)]
+
+    def block_sq_norm(q_blk, k_, m_blk):
+        s = _relu_scores(q_blk, k_, m_blk)
+        return torch.linalg.vector_norm(s, dim=(-2, -1), dtype=acc).square()
+
+    def block_out(q_blk, k_, v_, scale, m_blk):
+        scores = _relu_scores(q_blk, k_, m_blk) * scale.to(v_.dtype)
+        return F.dropout(scores, dropout_p, training=dropout_p > 0) @ v_
+
+    sq = sum(
+        _maybe_checkpoint(block_sq_norm, q[:, :, s:e], k, None if mask is None else mask[:, :, s:e]) for s, e in blocks
+    )
+    scale = g.to(acc) / (sq.sqrt()[..., None, None] + eps)  # (B, H, 1, 1): gamma / (||A+||_F + eps)
+    outs = [
+        _maybe_checkpoint(block_out, q[:, :, s:e], k, v, scale, None if mask is None else mask[:, :, s:e])
+        for s, e in blocks
+    ]
+    return torch.cat(outs, dim=2)
+
+
+def soft_query(q: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Energy-weighted mean of the scaled queries: q_bar = sum_i (e_i / (sum_t e_t + eps)) q~_i, e_i = ||q~_i||.
+
+    Args:
+        q: (B, H, N, D) raw queries (scaled by 1/sqrt(D) here, as in the release).
+
+    Returns:
+        (B, H, D) soft query in the accumulation dtype (float32 for half inputs).
+    """
+    qs = _scaled(q.to(accumulation_dtype(q)))
+    energy = torch.relu(torch.linalg.vector_norm(qs, dim=-1))  # the release's ReLU on a norm is a no-op
+    alpha = energy / (energy.sum(dim=-1, keepdim=True) + eps)
+    return torch.einsum("bhn,bhnd->bhd", alpha, qs)
+
+
+def l1_normalize(a: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """a / (sum_j a_j + eps) over the last (token) dimension."""
+    return a / (a.sum(dim=-1, keepdim=True) + eps)
+
+
+def linear_infsa_importance(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Linear-InfSA's token importance a_j = ReLU(q_bar . k~_j) / (sum_l ReLU(q_bar . k~_l) + eps).
+
+    One step of power iteration toward the left Perron vector of A^ (how strongly each token is
+    attended). Returns (B, H, N) in the accumulation dtype.
+    """
+    with no_autocast(q):
+        q_bar = soft_query(q, eps)
+        a = torch.relu(torch.einsum("bhd,bhnd->bhn", q_bar, _scaled(k.to(q_bar.dtype))))
+        return l1_normalize(a, eps)
+
+
+def linear_infsa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float = 1e-6, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """Linear-InfSA: every token receives z = gamma * sum_j a_j v_j, with a the importance vector.
+
+    O(N D) per head. Token sums run in float32 under autocast (they span up to ~10^6 tokens).
+    dropout_p drops entries of the importance vector, as the release drops its scores.
+
+    Returns:
+        (B, H, N, D) tensor in v's dtype; all N rows are equal (the release broadcasts the pooled value).
+    """
+    check_qkv(q, k, v)
+    with no_autocast(v):
+        a = F.dropout(linear_infsa_importance(q, k, eps), dropout_p, training=dropout_p > 0)
+        g = gamma_as_tensor(gamma, q.shape[1], a)[..., 0]  # (1, H, 1)
+        z = torch.einsum("bhn,bhnd->bhd", g * a, v.to(a.dtype))
+    return z.to(v.dtype).unsqueeze(2).expand(v.shape)

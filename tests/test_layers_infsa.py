@@ -1,0 +1,132 @@
+"""InfSA attention modules: agreement with the ops, the folded fast path, learnable gamma, timm use."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from timm.models.vision_transformer import VisionTransformer
+
+from conftest import rel_err
+from linvit.layers import LinearInfSAAttention, PureInfSAAttention
+from reference import linear_infsa_ref, pure_infsa_ref
+
+MODULES = [PureInfSAAttention, LinearInfSAAttention]
+
+
+def _module_ref(m, x, ref):
+    """Float64 projection + reference op + output projection."""
+    B, N, C = x.shape
+    H, D = m.num_heads, m.head_dim
+    qkv = torch.nn.functional.linear(
+        x.double(), m.qkv.weight.double(), None if m.qkv.bias is None else m.qkv.bias.double()
+    )
+    q, k, v = qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)
+    out = ref(q, k, v, m.gamma.detach().double()).transpose(1, 2).reshape(B, N, C)
+    return torch.nn.functional.linear(out, m.proj.weight.double(), m.proj.bias.double())
+
+
+@pytest.mark.parametrize("cls,ref", [(PureInfSAAttention, pure_infsa_ref), (LinearInfSAAttention, linear_infsa_ref)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_module_matches_float64_reference(cls, ref, bias):
+    m = cls(48, num_heads=4, qkv_bias=bias)
+    with torch.no_grad():
+        m.theta.copy_(torch.tensor([-1.0, 0.0, 1.0, 2.0]))
+    x = torch.randn(2, 37, 48)
+    assert rel_err(m(x), _module_ref(m, x, ref)) <= 1e-5
+
+
+@given(
+    heads=st.integers(1, 4),
+    head_dim=st.integers(1, 16),
+    n=st.integers(1, 60),
+    bias=st.booleans(),
+)
+def test_folded_equals_unfolded_forward_and_gradients(heads, head_dim, n, bias):
+    torch.manual_seed(heads * 1000 + head_dim * 100 + n)
+    dim = heads * head_dim
+    m = LinearInfSAAttention(dim, num_heads=heads, qkv_bias=bias)
+    with torch.no_grad():
+        m.theta.uniform_(-2, 2)
+        if bias:
+            m.qkv.bias.normal_()
+    x = torch.randn(2, n, dim)
+    results = []
+    for fold in (True, False):
+        m.fold_kv = fold
+        xi = x.clone().requires_grad_()
+        out = m(xi)
+        loss = (out * torch.arange(dim, dtype=out.dtype)).sum()
+        grads = torch.autograd.grad(loss, [xi, *m.parameters()])
+        results.append((out, grads))
+    (o1, g1), (o2, g2) = results
+    assert rel_err(o1, o2) <= 1e-5
+    for a, b in zip(g1, g2, strict=True):
+        assert rel_err(a, b) <= 1e-5
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_gamma_is_learnable_per_head(cls):
+    m = cls(32, num_heads=4)
+    torch.testing.assert_close(m.gamma, torch.full((4,), 0.9))
+    m(torch.randn(2, 10, 32)).square().sum().backward()
+    assert m.theta.grad is not None and m.theta.grad.shape == (4,) and (m.theta.grad != 0).all()
+    before = m.theta.detach().clone()
+    opt = torch.optim.SGD(m.parameters(), lr=1.0)
+    opt.step()
+    assert not torch.equal(before, m.theta.detach())
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_usable_as_timm_attn_layer(cls):
+    vit = VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5, attn_layer=cls
+    )
+    assert isinstance(vit.blocks[0].attn, cls)
+    torch.testing.assert_close(vit.blocks[1].attn.gamma, torch.full((4,), 0.9))  # timm's init keeps gamma_init
+    out = vit(torch.randn(2, 3, 32, 32))
+    out.sum().backward()
+    assert out.shape == (2, 5) and vit.blocks[0].attn.theta.grad is not None
+
+
+def test_qk_norm_falls_back_to_unfolded_and_runs():
+    m = LinearInfSAAttention(32, num_heads=4, qk_norm=True, norm_layer=torch.nn.LayerNorm)
+    x = torch.randn(2, 9, 32)
+    out = m(x)
+    m.fold_kv = False
+    torch.testing.assert_close(out, m(x))
+
+
+def test_linear_rejects_masks_and_pure_supports_causal():
+    x = torch.randn(1, 6, 16)
+    with pytest.raises(ValueError, match="mask"):
+        LinearInfSAAttention(16, num_heads=2)(x, attn_mask=torch.ones(6, 6, dtype=torch.bool))
+    pure = PureInfSAAttention(16, num_heads=2)
+    causal = pure(x, is_causal=True)
+    # causal: token 0 sees only itself, so later tokens change its mixer output only through the
+    # global Frobenius norm (a positive scale), never its direction
+    x2 = x.clone()
+    x2[:, 1:] = torch.randn(1, 5, 16)
+    proj_free = [pure.proj.weight.pinverse() @ (o[0, 0] - pure.proj.bias) for o in (causal, pure(x2, is_causal=True))]
+    cos = torch.nn.functional.cosine_similarity(*proj_free, dim=0)
+    assert cos > 0.9999
+    assert not torch.allclose(pure(x2)[:, 0], pure(x)[:, 0])  # without the mask token 0 does see the others
+
+
+def test_bad_construction_raises():
+    with pytest.raises(ValueError, match="divisible"):
+        PureInfSAAttention(30, num_heads=4)
+    with pytest.raises(ValueError, match="gamma_init"):
+        LinearInfSAAttention(32, num_heads=4, gamma_init=1.0)
+
+
+def test_folded_linear_under_bf16_autocast_with_many_tokens_stays_finite():
+    m = LinearInfSAAttention(16, num_heads=2, qkv_bias=True)
+    x = torch.randn(1, 300_000, 16) + 1.0
+    with torch.no_grad():
+        expected = m(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = m(x)
+    assert torch.isfinite(out).all()
+    assert rel_err(out[:, :1].float(), expected[:, :1]) <= 3e-2

@@ -1,0 +1,161 @@
+"""linvit.ops pure/linear InfSA against float64 references, the release, and their invariances."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import rel_err
+from linvit.ops import linear_infsa, linear_infsa_importance, pure_infsa
+from reference import linear_infsa_ref, pure_infsa_ref, pure_infsa_release
+
+shapes = st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 70), st.integers(1, 32))
+OPS = [(pure_infsa, pure_infsa_ref), (linear_infsa, linear_infsa_ref)]
+
+
+def _qkv(B, H, N, D, dtype=torch.float32):
+    return torch.randn(3, B, H, N, D, dtype=dtype).unbind(0)
+
+
+@given(shape=shapes, gamma=st.floats(0.05, 0.99))
+@pytest.mark.parametrize("op,ref", OPS, ids=["pure", "linear"])
+def test_matches_float64_reference(op, ref, shape, gamma):
+    q, k, v = _qkv(*shape)
+    assert rel_err(op(q, k, v, gamma), ref(q, k, v, gamma)) <= 1e-5
+
+
+def test_pure_is_bit_identical_to_release_order_of_operations():
+    q, k, v = _qkv(2, 3, 57, 16)
+    ours = pure_infsa(q, k, v, 0.9, impl="dense")
+    torch.testing.assert_close(ours, pure_infsa_release(q, k, v, 0.9), rtol=2e-7, atol=0)
+
+
+@given(shape=shapes, block=st.integers(1, 80))
+def test_pure_chunked_equals_dense(shape, block):
+    q, k, v = _qkv(*shape)
+    dense = pure_infsa(q, k, v, 0.8, impl="dense")
+    assert rel_err(pure_infsa(q, k, v, 0.8, impl="chunked", block_size=block), dense) <= 1e-5
+
+
+def test_pure_chunked_gradients_equal_dense():
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 2, 40, 8, torch.float64))
+    g = torch.tensor([0.7, 0.9], dtype=torch.float64, requires_grad=True)
+    grads = []
+    for impl in ("dense", "chunked"):
+        out = pure_infsa(q, k, v, g, impl=impl, block_size=7)
+        grads.append(torch.autograd.grad((out * torch.linspace(-1, 1, 8, dtype=torch.float64)).sum(), (q, k, v, g)))
+    for a, b in zip(*grads, strict=True):
+        assert rel_err(a, b) <= 1e-10
+
+
+def test_pure_auto_switches_to_chunked_above_threshold(monkeypatch):
+    import linvit.ops.infsa as mod
+
+    q, k, v = _qkv(1, 2, 30, 8)
+    calls = []
+    orig = mod._pure_infsa_chunked
+    monkeypatch.setattr(mod, "_pure_infsa_chunked", lambda *a: calls.append(1) or orig(*a))
+    monkeypatch.setattr(mod, "DENSE_MAX_SCORES", 2 * 30 * 30 - 1)
+    assert rel_err(pure_infsa(q, k, v, 0.9), pure_infsa_ref(q, k, v, 0.9)) <= 1e-5
+    assert calls, "auto did not pick the chunked form above DENSE_MAX_SCORES"
+
+
+@pytest.mark.parametrize("op", [pure_infsa, linear_infsa], ids=["pure", "linear"])
+def test_invariant_to_logit_scale(op):
+    q, k, v = _qkv(2, 3, 33, 16)
+    assert rel_err(op(q * 7.3, k, v, 0.9), op(q, k, v, 0.9)) <= 1e-5
+    assert rel_err(op(q, k * 0.2, v, 0.9), op(q, k, v, 0.9)) <= 1e-5
+
+
+@pytest.mark.parametrize("op", [pure_infsa, linear_infsa], ids=["pure", "linear"])
+def test_batch_independence(op):
+    q, k, v = _qkv(4, 2, 25, 8)
+    full = op(q, k, v, 0.9)
+    for i in range(4):
+        alone = op(q[i : i + 1], k[i : i + 1], v[i : i + 1], 0.9)
+        assert rel_err(alone, full[i : i + 1]) <= 1e-6
+
+
+def test_pure_is_permutation_equivariant():
+    q, k, v = _qkv(2, 2, 31, 8)
+    perm = torch.randperm(31)
+    out = pure_infsa(q, k, v, 0.9)
+    assert rel_err(pure_infsa(q[:, :, perm], k[:, :, perm], v[:, :, perm], 0.9), out[:, :, perm]) <= 1e-5
+
+
+def test_linear_is_permutation_invariant_and_broadcast():
+    q, k, v = _qkv(2, 2, 31, 8)
+    perm = torch.randperm(31)
+    out = linear_infsa(q, k, v, 0.9)
+    assert rel_err(linear_infsa(q[:, :, perm], k[:, :, perm], v[:, :, perm], 0.9), out) <= 1e-5
+    assert torch.equal(out, out[:, :, :1].expand_as(out))
+
+
+@pytest.mark.parametrize("op", [pure_infsa, linear_infsa], ids=["pure", "linear"])
+def test_all_negative_logits_give_zero_not_nan(op):
+    q = torch.rand(1, 2, 20, 8) + 0.1
+    k = -(torch.rand(1, 2, 20, 8) + 0.1)
+    out = op(q, k, torch.randn(1, 2, 20, 8), 0.9)
+    assert torch.isfinite(out).all() and out.abs().max() == 0
+
+
+@pytest.mark.parametrize("op", [pure_infsa, linear_infsa], ids=["pure", "linear"])
+def test_per_head_gamma_equals_per_head_float(op):
+    q, k, v = _qkv(2, 3, 17, 8)
+    gam = torch.tensor([0.2, 0.5, 0.9])
+    out = op(q, k, v, gam)
+    for h in range(3):
+        single = op(q[:, h : h + 1], k[:, h : h + 1], v[:, h : h + 1], float(gam[h]))
+        assert rel_err(out[:, h : h + 1], single) <= 1e-6
+
+
+@pytest.mark.parametrize("op", [pure_infsa, linear_infsa], ids=["pure", "linear"])
+def test_gamma_receives_gradient(op):
+    q, k, v = _qkv(1, 2, 10, 4)
+    g = torch.tensor([0.3, 0.6], requires_grad=True)
+    op(q, k, v, g).square().sum().backward()
+    assert g.grad is not None and (g.grad.abs() > 0).all()
+
+
+@pytest.mark.parametrize("op", [pure_infsa, linear_infsa], ids=["pure", "linear"])
+def test_bad_arguments_raise(op):
+    q, k, v = _qkv(1, 2, 10, 4)
+    with pytest.raises(ValueError, match="gamma"):
+        op(q, k, v, torch.ones(3))
+    with pytest.raises(ValueError, match="shape"):
+        op(q[0], k[0], v[0], 0.9)
+    with pytest.raises(ValueError, match="disagree"):
+        op(q, k[:, :, :5], v, 0.9)
+
+
+def test_pure_mask_removes_pairs_before_normalisation():
+    q, k, v = _qkv(1, 1, 12, 4)
+    mask = torch.rand(12, 12) > 0.3
+    D = 4
+    A = torch.relu(q.double() @ k.double().transpose(-2, -1) / D) * mask
+    expected = 0.9 * A / (A.square().sum().sqrt() + 1e-6) @ v.double()
+    for impl in ("dense", "chunked"):
+        assert rel_err(pure_infsa(q, k, v, 0.9, impl=impl, block_size=5, attn_mask=mask), expected) <= 1e-5
+    with pytest.raises(ValueError, match="boolean"):
+        pure_infsa(q, k, v, 0.9, attn_mask=mask.float())
+
+
+def test_linear_importance_is_a_distribution():
+    q, k, _ = _qkv(2, 3, 40, 8)
+    a = linear_infsa_importance(q, k)
+    assert a.shape == (2, 3, 40) and (a >= 0).all()
+    torch.testing.assert_close(a.sum(-1), torch.ones(2, 3), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_accumulates_in_float32_over_300k_tokens(dtype):
+    """Half-precision inputs with ~300k tokens: sums of energies and of a_j v_j must not overflow."""
+    N = 300_000
+    q, k, v = (t * 4 + 2 for t in _qkv(1, 2, N, 8))
+    expected = linear_infsa_ref(q.to(dtype), k.to(dtype), v.to(dtype), 0.9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = linear_infsa(q.to(dtype), k.to(dtype), v.to(dtype), 0.9)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    assert rel_err(out[:, :, :1], expected[:, :, :1]) <= 1e-2
