@@ -11,7 +11,7 @@ from . import layers, models, ops
 
 __version__ = "0.1.0"
 
-LINVIT_MODEL_MODULES = ("linvit.models.infvit",)
+LINVIT_MODEL_MODULES = ("linvit.models.infvit", "linvit.models.weightformer")
 
 
 def list_models(filter: str = "", **kwargs) -> list[str]:

@@ -1,6 +1,7 @@
 """timm-registered model families; importing this package registers every linvit model."""
 
-from . import infvit
+from . import infvit, weightformer
 from .infvit import InfViT
+from .weightformer import WeightFormer
 
-__all__ = ["InfViT", "infvit"]
+__all__ = ["InfViT", "WeightFormer", "infvit", "weightformer"]

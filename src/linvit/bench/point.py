@@ -1,0 +1,124 @@
+"""Measure one benchmark point (model, resolution, batch, mode) in this process.
+
+Run by the sweep as ``python -m linvit.bench.point SPEC_JSON RESULT_JSON`` so an out-of-memory error,
+a crash or a hang costs only this point. Latency is per iteration (one batch), after warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import linvit  # noqa: F401  (registers the models)
+
+from .meters import EnergyMeter, PeakMemory
+from .variants import create_variant
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULTS = {"batch": 1, "mode": "infer", "device": "cpu", "dtype": "fp32", "warmup": 1, "iters": 3}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(spec: dict) -> dict:
+    """Time spec["model"] at spec["res"]; returns the point's record (status "ok")."""
+    spec = {**DEFAULTS, **spec}
+    device = torch.device(spec["device"])
+    dtype = DTYPES[spec["dtype"]]
+    mode, batch, res = spec["mode"], int(spec["batch"]), int(spec["res"])
+    warmup, iters = max(1, int(spec["warmup"])), max(1, int(spec["iters"]))
+    if device.type == "cuda" and spec.get("mem_limit_gb"):
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec["mem_limit_gb"] * 2**30 / total), device)
+    torch.manual_seed(0)
+    model = create_variant(spec["model"], img_size=res, **spec.get("model_kwargs", {})).to(device)
+    model.train(mode == "train")
+    x = torch.randn(batch, 3, res, res, device=device)
+    target = torch.randint(0, max(1, getattr(model, "num_classes", 1000)), (batch,), device=device)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+
+    def step() -> None:
+        if mode == "train":
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(model(x).float(), target)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+        else:
+            with torch.inference_mode(), autocast:
+                model(x)
+
+    energy = EnergyMeter(device)
+    times: list[float] = []
+    with PeakMemory(device) as mem:
+        with FlopCounterMode(display=False) as counter:  # the first warm-up iteration is the counted one
+            step()
+        for _ in range(warmup - 1):
+            step()
+        _sync(device)
+        e0 = energy.joules()
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        e1 = energy.joules()
+    median = statistics.median(times)
+    flops = counter.get_total_flops()
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", (16, 16))
+    return {
+        **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype")},
+        "status": "ok",
+        "reason": None,
+        "tokens": (res // patch[0]) * (res // patch[1]),
+        "latency_ms": median * 1e3,
+        "latency_min_ms": min(times) * 1e3,
+        "latency_max_ms": max(times) * 1e3,
+        "latency_iqr_ms": (statistics.quantiles(times, n=4)[2] - statistics.quantiles(times, n=4)[0]) * 1e3
+        if len(times) >= 2
+        else 0.0,
+        "iters": iters,
+        "images_per_s": batch / median,
+        "peak_mem_mb": mem.peak / 2**20,
+        "peak_total_mb": mem.total / 2**20,
+        "gflops": flops / 1e9,
+        "gflops_per_s": flops / 1e9 / median,
+        "energy_j_per_img": (e1 - e0) / (iters * batch) if e0 is not None else None,
+        "energy_reason": energy.reason,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def classify_error(err: BaseException) -> str:
+    """'oom' for allocator failures, else 'error'."""
+    text = f"{type(err).__name__}: {err}".lower()
+    oom_marks = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+    if isinstance(err, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in oom_marks):
+        return "oom"
+    return "error"
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec_json, result_path = (argv or sys.argv[1:])[:2]
+    spec = json.loads(spec_json)
+    try:
+        record = measure(spec)
+    except BaseException as err:  # noqa: BLE001 - every failure becomes this point's status
+        record = {**spec, "status": classify_error(err), "reason": f"{type(err).__name__}: {str(err)[:300]}"}
+        traceback.print_exc()
+    with open(result_path, "w") as f:
+        json.dump(record, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Benchmark outputs: JSON, CSV, a Markdown table, the log-log scaling figure and exponent fits."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+COLUMNS = [
+    "model", "res", "tokens", "batch", "mode", "device", "dtype", "status", "latency_ms", "latency_iqr_ms",
+    "images_per_s", "peak_mem_mb", "peak_total_mb", "gflops", "gflops_per_s", "energy_j_per_img", "reason",
+]  # fmt: skip
+
+
+def fit_exponent(tokens: list[float], latency: list[float]) -> float | None:
+    """Slope of log(latency) against log(tokens) (least squares); None with fewer than two points."""
+    pts = [(t, y) for t, y in zip(tokens, latency, strict=True) if t and y and t > 0 and y > 0]
+    if len({t for t, _ in pts}) < 2:
+        return None
+    x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def exponents(records: list[dict]) -> dict[str, float | None]:
+    """Fitted latency-vs-tokens exponent per model over its successful points."""
+    out = {}
+    for model in dict.fromkeys(r["model"] for r in records):
+        ok = [r for r in records if r["model"] == model and r["status"] == "ok"]
+        out[model] = fit_exponent([r["tokens"] for r in ok], [r["latency_ms"] for r in ok])
+    return out
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def _speedup(record: dict, records: list[dict], reference: str | None) -> float | None:
+    """reference latency / this latency at the same resolution (None if either point failed)."""
+    if reference is None or record["status"] != "ok":
+        return None
+    ref = [r for r in records if r["model"] == reference and r["res"] == record["res"] and r["status"] == "ok"]
+    return ref[0]["latency_ms"] / record["latency_ms"] if ref else None
+
+
+def markdown_table(records: list[dict], reference: str | None = None) -> str:
+    """One row per point with latency, throughput, memory, GFLOPs, status (and speed-up vs reference)."""
+    head = ["model", "res", "tokens", "status", "latency ms (IQR)", "img/s", "peak MB", "GFLOPs", "GFLOP/s", "J/img"]
+    if reference:
+        head.append(f"speed-up vs `{reference}`")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in records:
+        ok = r["status"] == "ok"
+        status = r["status"] if ok else f"{r['status']}: {r.get('reason') or ''}"
+        latency = f"{r['latency_ms']:.1f} ({r['latency_iqr_ms']:.1f})" if ok else "-"
+        cells = [f"`{r['model']}`", r["res"], r.get("tokens"), status, latency]
+        cells += [r.get(k) if ok else None for k in ("images_per_s", "peak_mem_mb", "gflops", "gflops_per_s")]
+        cells.append(r.get("energy_j_per_img"))
+        if reference:
+            speedup = _speedup(r, records, reference)
+            cells.append(None if speedup is None else f"{speedup:.2f}x")
+        lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_scaling(records: list[dict], path: Path) -> None:
+    """Latency and peak memory against tokens, log-log, one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for model, slope in exponents(records).items():
+        ok = sorted((r for r in records if r["model"] == model and r["status"] == "ok"), key=lambda r: r["tokens"])
+        if not ok:
+            continue
+        label = model if slope is None else f"{model} (slope {slope:.2f})"
+        tokens = [r["tokens"] for r in ok]
+        axes[0].plot(tokens, [r["latency_ms"] for r in ok], marker="o", label=label)
+        axes[1].plot(tokens, [max(r["peak_mem_mb"], 1e-3) for r in ok], marker="o", label=model)
+    for ax, ylabel in zip(axes, ("latency per batch (ms)", "peak memory above idle (MB)"), strict=True):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    first = records[0] if records else {}
+    fig.suptitle(f"linvit bench: {first.get('mode')} on {first.get('device')}, {first.get('dtype')}, batch {first.get('batch')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(
+    records: list[dict], out: Path, extra: dict | None = None, reference: str | None = None
+) -> dict[str, float | None]:
+    """Write bench.json, bench.csv, bench.md and scaling.png into out; returns the exponents."""
+    out.mkdir(parents=True, exist_ok=True)
+    slopes = exponents(records)
+    (out / "bench.json").write_text(json.dumps({"points": records, "exponents": slopes, **(extra or {})}, indent=2))
+    with open(out / "bench.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(records)
+    lines = [markdown_table(records, reference), "", "| model | latency exponent vs tokens |", "|---|---|"]
+    lines += [f"| `{m}` | {'-' if s is None or math.isnan(s) else f'{s:.3f}'} |" for m, s in slopes.items()]
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+    plot_scaling(records, out / "scaling.png")
+    return slopes

@@ -1,0 +1,107 @@
+"""Benchmark sweeps: one subprocess per point, with timeout and memory-limit enforcement, and a ladder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+
+from tqdm import tqdm
+
+from .meters import rss_bytes
+
+
+def run_point(spec: dict, timeout: float | None = None, mem_limit_gb: float | None = None) -> dict:
+    """Measure spec in a fresh interpreter; failures come back as status oom / timeout / error.
+
+    On CPU a watcher thread polls the child's resident set and kills it past ``mem_limit_gb``
+    (recorded as ``oom``); on CUDA the child caps its allocator at the same amount.
+    """
+    spec = {**spec, "mem_limit_gb": mem_limit_gb}
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        log_path = os.path.join(tmp, "stderr.txt")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "linvit.bench.point", json.dumps(spec), result_path],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        over_limit = threading.Event()
+        if mem_limit_gb and spec.get("device", "cpu") == "cpu":
+            limit = mem_limit_gb * 2**30
+
+            def watch() -> None:
+                while proc.poll() is None:
+                    if rss_bytes(proc.pid) > limit:
+                        over_limit.set()
+                        proc.kill()
+                        return
+                    time.sleep(0.01)
+
+            threading.Thread(target=watch, daemon=True).start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return {**spec, "status": "timeout", "reason": f"exceeded --timeout {timeout:g} s"}
+        if over_limit.is_set():
+            return {**spec, "status": "oom", "reason": f"resident memory exceeded --mem-limit {mem_limit_gb:g} GB"}
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                return json.load(f)
+        with open(log_path) as f:
+            tail = f.read().strip().splitlines()[-1:] or [""]
+        status = "oom" if proc.returncode == -9 else "error"  # SIGKILL without our watcher: the kernel OOM killer
+        return {**spec, "status": status, "reason": f"exit code {proc.returncode}: {tail[0][:300]}"}
+
+
+def sweep(
+    models: Iterable[str],
+    resolutions: Iterable[int],
+    common: dict,
+    timeout: float | None = None,
+    mem_limit_gb: float | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Every (model, resolution) point with the shared settings in ``common``."""
+    points = [dict(common, model=m, res=r) for m in models for r in resolutions]
+    records = []
+    bar = tqdm(points, desc="bench", unit="point", disable=not progress)
+    for spec in bar:
+        bar.set_postfix_str(f"{spec['model']} @ {spec['res']}")
+        records.append(run_point(spec, timeout, mem_limit_gb))
+    return records
+
+
+def ladder(
+    models: Iterable[str],
+    start: int,
+    common: dict,
+    timeout: float | None = None,
+    mem_limit_gb: float | None = None,
+    max_res: int = 65536,
+    progress: bool = True,
+) -> tuple[list[dict], dict[str, int | None]]:
+    """Per model, double the resolution from ``start`` until a point fails; returns records and max ok res."""
+    records, best = [], {}
+    bar = tqdm(desc="ladder", unit="point", disable=not progress)
+    for model in models:
+        res, best[model] = start, None
+        while res <= max_res:
+            bar.set_postfix_str(f"{model} @ {res}")
+            record = run_point(dict(common, model=model, res=res), timeout, mem_limit_gb)
+            bar.update()
+            records.append(record)
+            if record["status"] != "ok":
+                break
+            best[model] = res
+            res *= 2
+    bar.close()
+    return records, best

@@ -1,0 +1,67 @@
+"""Model names with an optional variant suffix, e.g. ``vit_4l_patch16_224:naive``.
+
+The suffix selects an implementation of the same weights, so a benchmark compares like with like:
+    naive     softmax attention with the N x N matrix materialised (the paper's baseline setting)
+    fused     softmax attention through torch's scaled_dot_product_attention (timm default)
+    unfolded  Linear-InfSA projecting K and V for every token (the reference release's cost)
+    folded    Linear-InfSA with K/V folded into the soft query (linvit default)
+    dense / chunked   pure InfSA with the N x N scores materialised, or in two passes over query blocks
+"""
+
+from __future__ import annotations
+
+import timm
+import torch.nn as nn
+from timm.layers import Attention
+
+from ..layers import LinearInfSAAttention, PureInfSAAttention
+
+VARIANTS = ("naive", "fused", "unfolded", "folded", "dense", "chunked")
+
+
+def split_name(spec: str) -> tuple[str, str | None]:
+    """'name:variant' -> (name, variant); raises ValueError for an unknown variant."""
+    name, _, variant = spec.partition(":")
+    if variant and variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r} in {spec!r}; choose from {', '.join(VARIANTS)}")
+    return name, variant or None
+
+
+def apply_variant(model: nn.Module, variant: str | None) -> nn.Module:
+    """Switch every matching attention module of model to the variant; error if none matches."""
+    if variant is None:
+        return model
+    wanted = {
+        "naive": Attention,
+        "fused": Attention,
+        "unfolded": LinearInfSAAttention,
+        "folded": LinearInfSAAttention,
+        "dense": PureInfSAAttention,
+        "chunked": PureInfSAAttention,
+    }[variant]
+    hits = [m for m in model.modules() if isinstance(m, wanted)]
+    if not hits:
+        raise ValueError(f"variant {variant!r} needs {wanted.__name__} layers, which this model does not have")
+    for m in hits:
+        if wanted is Attention:
+            m.fused_attn = variant == "fused"
+        elif wanted is LinearInfSAAttention:
+            m.fold_kv = variant == "folded"
+        else:
+            m.impl = variant
+    return model
+
+
+def create_variant(spec: str, img_size: int | tuple[int, int] | None = None, **kwargs) -> nn.Module:
+    """timm.create_model for 'name[:variant]', built for img_size when the model takes that argument."""
+    name, variant = split_name(spec)
+    if name not in timm.list_models():
+        raise ValueError(f"unknown model {name!r} (see `linvit models` or timm.list_models())")
+    if img_size is not None:
+        try:
+            model = timm.create_model(name, img_size=img_size, **kwargs)
+        except TypeError:  # models without a fixed input size (no img_size argument)
+            model = timm.create_model(name, **kwargs)
+    else:
+        model = timm.create_model(name, **kwargs)
+    return apply_variant(model, variant)
