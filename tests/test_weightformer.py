@@ -6,15 +6,15 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from conftest import rel_err
 from hypothesis import given
 from hypothesis import strategies as st
-from reference_weightformer import RefWeightFormer
 from safetensors.torch import save_file
 
 import linvit
+from conftest import rel_err
 from linvit.layers import CONV_PREDICTORS, LINEAR_PREDICTORS, DynamicDWConv, DynamicLinear
 from linvit.models.weightformer import load_checkpoint
+from reference_weightformer import RefWeightFormer
 
 WF_MODELS = ["weightformer_tiny_patch16_224", "weightformer_small_patch16_224", "weightformer_base_patch16_448"]
 
@@ -231,9 +231,7 @@ def test_timm_features():
     assert model(x).shape == (2, 192)
 
 
-@pytest.mark.parametrize(
-    "x,msg", [(torch.randn(1, 4, 64, 64), "channels"), (torch.randn(1, 3, 64, 72), "divisible")]
-)
+@pytest.mark.parametrize("x,msg", [(torch.randn(1, 4, 64, 64), "channels"), (torch.randn(1, 3, 64, 72), "divisible")])
 def test_model_rejects_bad_input(x, msg):
     with pytest.raises(ValueError, match=msg):
         timm.create_model("weightformer_tiny_patch16_224")(x)

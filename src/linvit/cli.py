@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("bench", help="speed / memory / FLOPs / energy sweep, one subprocess per point")
-    p.add_argument("--models", type=_csv(str), required=True, help="comma list; 'name:variant' e.g. vit_4l_patch16_224:naive")
+    p.add_argument(
+        "--models", type=_csv(str), required=True, help="comma list; 'name:variant' e.g. vit_4l_patch16_224:naive"
+    )
     p.add_argument("--res", type=_csv(int), default=[224, 512, 1024], help="comma list of square input sides")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--mode", choices=["infer", "train"], default="infer", help="forward only, or forward+backward")

@@ -93,7 +93,9 @@ def plot_scaling(records: list[dict], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     first = records[0] if records else {}
-    fig.suptitle(f"linvit bench: {first.get('mode')} on {first.get('device')}, {first.get('dtype')}, batch {first.get('batch')}")
+    fig.suptitle(
+        f"linvit bench: {first.get('mode')} on {first.get('device')}, {first.get('dtype')}, batch {first.get('batch')}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -172,7 +172,9 @@ class DynamicDWConv(nn.Module):
         if x.dim() != 4 or x.shape[1] != self.dim:
             raise ValueError(f"expected (B, {self.dim}, H, W), got {tuple(x.shape)}")
         B, C, H, W = x.shape
-        kernel = (self.w[:, 0].unsqueeze(0) + self.delta_kernel(x)).reshape(B * C, 1, self.kernel_size, self.kernel_size)
+        kernel = (self.w[:, 0].unsqueeze(0) + self.delta_kernel(x)).reshape(
+            B * C, 1, self.kernel_size, self.kernel_size
+        )
         out = F.conv2d(
             x.reshape(1, B * C, H, W),
             kernel.to(x.dtype),

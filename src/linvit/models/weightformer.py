@@ -21,6 +21,8 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import DynamicDWConv, DynamicLinear
 from ._input import CheckedPatchEmbed
 
+LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)  # the release's LayerNorm
+
 
 def _to_map(x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
     """(B, N, C) row-major tokens -> (B, C, H, W)."""
@@ -41,7 +43,7 @@ class WeightFormerBlock(nn.Module):
         dynamic: bool = False,
         drop: float = 0.0,
         drop_path: float = 0.0,
-        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+        norm_layer=LayerNorm6,
         act_layer=nn.GELU,
         linear_predictor: str = "bilateral",
         conv_predictor: str = "adaptive",
@@ -127,7 +129,7 @@ class WeightFormer(nn.Module):
             dynamic_img_pad=dynamic_img_pad,
         )
         self.patch_embed.check_finite = check_finite
-        norm_layer = partial(nn.LayerNorm, eps=1e-6)
+        norm_layer = LayerNorm6
         self.init_norm = norm_layer(embed_dim)
         rates = torch.linspace(0, drop_path_rate, depth).tolist()
         self.blocks = nn.ModuleList(

@@ -1,0 +1,104 @@
+"""The benchmark runner: record schema, failure statuses, exponent fit, variants, outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+
+import linvit  # noqa: F401
+from linvit.bench import create_variant, fit_exponent, run_point, split_name, sweep, write_outputs
+from linvit.cli import main as cli_main
+
+TINY = dict(batch=1, mode="infer", device="cpu", dtype="fp32", warmup=1, iters=2)
+OK_KEYS = {
+    "model", "res", "tokens", "status", "latency_ms", "latency_iqr_ms", "images_per_s", "peak_mem_mb",
+    "peak_total_mb", "gflops", "gflops_per_s", "energy_j_per_img", "energy_reason", "params",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_points():
+    return sweep(["linear_infvit_tiny_patch16_224"], [32, 64], dict(TINY, mode="train"), timeout=300, progress=False)
+
+
+def test_point_record_schema(two_points):
+    for record, res in zip(two_points, (32, 64), strict=True):
+        assert record["status"] == "ok", record
+        assert OK_KEYS <= record.keys()
+        assert record["res"] == res and record["tokens"] == (res // 16) ** 2 and record["mode"] == "train"
+        assert record["latency_ms"] > 0 and record["gflops"] > 0 and record["peak_total_mb"] > 0
+        assert record["energy_j_per_img"] is None and "CUDA" in record["energy_reason"]
+    assert two_points[1]["gflops"] > two_points[0]["gflops"]
+
+
+def test_memory_limit_is_recorded_as_oom():
+    record = run_point(dict(TINY, model="linear_infvit_tiny_patch16_224", res=32), timeout=300, mem_limit_gb=0.05)
+    assert record["status"] == "oom" and "mem-limit" in record["reason"]
+
+
+def test_timeout_is_recorded():
+    record = run_point(dict(TINY, model="linear_infvit_tiny_patch16_224", res=32), timeout=0.2)
+    assert record["status"] == "timeout" and "0.2" in record["reason"]
+
+
+def test_crash_is_recorded_as_error_with_reason():
+    record = run_point(dict(TINY, model="no_such_model_patch16_224", res=32), timeout=300)
+    assert record["status"] == "error" and "no_such_model" in record["reason"]
+
+
+def test_exponent_fit_on_synthetic_numbers():
+    tokens = [196, 1024, 4096, 16384]
+    assert fit_exponent(tokens, [3e-3 * t**1.0 for t in tokens]) == pytest.approx(1.0)
+    assert fit_exponent(tokens, [1e-6 * t**2 + 0 for t in tokens]) == pytest.approx(2.0)
+    assert fit_exponent([196], [1.0]) is None
+
+
+def test_naive_and_fused_softmax_give_the_same_logits():
+    fused = create_variant("vit_4l_patch16_224", num_classes=3, depth=1).eval()
+    naive = create_variant("vit_4l_patch16_224:naive", num_classes=3, depth=1).eval()
+    assert fused.blocks[0].attn.fused_attn and not naive.blocks[0].attn.fused_attn
+    naive.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 3, 64, 48)
+    torch.testing.assert_close(naive(x), fused(x), rtol=1e-4, atol=1e-5)
+
+
+def test_variants_validate():
+    with pytest.raises(ValueError, match="unknown variant"):
+        split_name("vit_4l_patch16_224:flash9")
+    with pytest.raises(ValueError, match="LinearInfSAAttention"):
+        create_variant("vit_4l_patch16_224:unfolded", depth=1)
+    assert not create_variant("linear_infvit_tiny_patch16_224:unfolded").blocks[0].attn.fold_kv
+    assert create_variant("deit_tiny_patch16_224", img_size=96).pos_embed.shape[1] == 1 + 36
+    assert timm.create_model("infvit_tiny_patch16_224").blocks[0].attn.impl == "auto"
+    assert create_variant("infvit_tiny_patch16_224:chunked").blocks[0].attn.impl == "chunked"
+
+
+def test_outputs_written(tmp_path, two_points):
+    failed = dict(TINY, model="vit_4l_patch16_224", res=64, status="oom", reason="x")
+    slopes = write_outputs(two_points + [failed], tmp_path, reference="linear_infvit_tiny_patch16_224")
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["points"]) == 3 and slopes["vit_4l_patch16_224"] is None
+    assert (tmp_path / "scaling.png").stat().st_size > 1000
+    assert "oom: x" in (tmp_path / "bench.md").read_text()
+    assert (tmp_path / "bench.csv").read_text().count("\n") == 4
+
+
+def test_cli_bench_ladder_stops_at_the_memory_limit(tmp_path, capsys):
+    code = cli_main(
+        ["bench", "--models", "linear_infvit_tiny_patch16_224", "--res", "32", "--ladder", "--iters", "1",
+         "--mem-limit", "0.05", "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["ladder_max_res"] == {"linear_infvit_tiny_patch16_224": None}
+    assert "largest resolution that ran" in capsys.readouterr().out
+
+
+def test_cli_rejects_bad_input(tmp_path, capsys):
+    assert cli_main(["bench", "--models", "vit_4l_patch16_224:bogus", "--out", str(tmp_path)]) == 2
+    assert "unknown variant" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "--models", "x", "--res", "a,b", "--out", str(tmp_path)])
