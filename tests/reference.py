@@ -42,3 +42,36 @@ def linear_infsa_ref(q, k, v, gamma, eps=1e-6):
     a = a / (a.sum(-1, keepdim=True) + eps)
     z = _gamma(gamma, q.shape[1])[..., 0] * (a[..., None] * v).sum(-2)  # (B, H, D)
     return z[:, :, None, :].expand_as(v)
+
+
+def katz_dense_ref(q, k, v, gamma, eps=1e-6, kind="relu"):
+    """((I - gamma A^)^{-1} - I) V with A^ the Frobenius-normalised phi(Q) phi(K)^T, dense float64."""
+    A_hat = _katz_a_hat(q, k, eps, kind)
+    N = A_hat.shape[-1]
+    g = _gamma(gamma, q.shape[1])
+    eye = torch.eye(N, dtype=torch.float64)
+    return (torch.linalg.inv(eye - g * A_hat) - eye) @ v.double()
+
+
+def katz_centrality_dense_ref(q, k, gamma, eps=1e-6):
+    A_hat = _katz_a_hat(q, k, eps, "relu")
+    N = A_hat.shape[-1]
+    eye = torch.eye(N, dtype=torch.float64)
+    kernel = torch.linalg.inv(eye - _gamma(gamma, q.shape[1]) * A_hat) - eye
+    return kernel.transpose(-2, -1).sum(-1)
+
+
+def _katz_a_hat(q, k, eps, kind):
+    D = q.shape[-1]
+    phi = (lambda t: torch.relu(t)) if kind == "relu" else (lambda t: torch.nn.functional.elu(t) + 1)
+    A = phi(q.double() / D**0.5) @ phi(k.double() / D**0.5).transpose(-2, -1)
+    return A / (torch.sqrt((A**2).sum(dim=(-2, -1), keepdim=True)) + eps)
+
+
+def left_perron_numpy(A_hat):
+    """Principal left eigenvector of a non-negative matrix via numpy's eigendecomposition, L1-normalised."""
+    import numpy as np
+
+    vals, vecs = np.linalg.eig(A_hat.T)
+    vec = np.abs(np.real(vecs[:, np.argmax(np.real(vals))]))
+    return vec / vec.sum()

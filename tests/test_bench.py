@@ -78,7 +78,7 @@ def test_variants_validate():
 
 def test_outputs_written(tmp_path, two_points):
     failed = dict(TINY, model="vit_4l_patch16_224", res=64, status="oom", reason="x")
-    slopes = write_outputs(two_points + [failed], tmp_path, reference="linear_infvit_tiny_patch16_224")
+    slopes = write_outputs(two_points + [failed], tmp_path, references=["linear_infvit_tiny_patch16_224"])
     data = json.loads((tmp_path / "bench.json").read_text())
     assert len(data["points"]) == 3 and slopes["vit_4l_patch16_224"] is None
     assert (tmp_path / "scaling.png").stat().st_size > 1000

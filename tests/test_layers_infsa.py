@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from timm.models.vision_transformer import VisionTransformer
 
 from conftest import rel_err
-from linvit.layers import LinearInfSAAttention, PureInfSAAttention
-from reference import linear_infsa_ref, pure_infsa_ref
+from linvit.layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from reference import katz_dense_ref, linear_infsa_ref, pure_infsa_ref
 
-MODULES = [PureInfSAAttention, LinearInfSAAttention]
+MODULES = [PureInfSAAttention, LinearInfSAAttention, KatzInfSAAttention]
 
 
 def _module_ref(m, x, ref):
@@ -27,7 +27,14 @@ def _module_ref(m, x, ref):
     return torch.nn.functional.linear(out, m.proj.weight.double(), m.proj.bias.double())
 
 
-@pytest.mark.parametrize("cls,ref", [(PureInfSAAttention, pure_infsa_ref), (LinearInfSAAttention, linear_infsa_ref)])
+@pytest.mark.parametrize(
+    "cls,ref",
+    [
+        (PureInfSAAttention, pure_infsa_ref),
+        (LinearInfSAAttention, linear_infsa_ref),
+        (KatzInfSAAttention, katz_dense_ref),
+    ],
+)
 @pytest.mark.parametrize("bias", [True, False])
 def test_module_matches_float64_reference(cls, ref, bias):
     m = cls(48, num_heads=4, qkv_bias=bias)
@@ -114,6 +121,13 @@ def test_linear_rejects_masks_and_pure_supports_causal():
     assert not torch.allclose(pure(x2)[:, 0], pure(x)[:, 0])  # without the mask token 0 does see the others
 
 
+def test_katz_rejects_masks_and_attention_dropout():
+    with pytest.raises(ValueError, match="attn_drop"):
+        KatzInfSAAttention(16, num_heads=2, attn_drop=0.1)
+    with pytest.raises(ValueError, match="mask"):
+        KatzInfSAAttention(16, num_heads=2)(torch.randn(1, 4, 16), is_causal=True)
+
+
 def test_bad_construction_raises():
     with pytest.raises(ValueError, match="divisible"):
         PureInfSAAttention(30, num_heads=4)
@@ -130,3 +144,23 @@ def test_folded_linear_under_bf16_autocast_with_many_tokens_stays_finite():
             out = m(x)
     assert torch.isfinite(out).all()
     assert rel_err(out[:, :1].float(), expected[:, :1]) <= 3e-2
+
+
+def test_importance_equals_op_on_projected_queries_and_keys():
+    from linvit.ops import linear_infsa_importance
+
+    m = LinearInfSAAttention(24, num_heads=3, qkv_bias=True)
+    with torch.no_grad():
+        m.qkv.bias.normal_()
+    x = torch.randn(2, 19, 24)
+    q, k, _ = m.project_qkv(x)
+    assert rel_err(m.importance(x), linear_infsa_importance(q, k)) <= 1e-5
+
+
+def test_streaming_pooled_output_equals_one_chunk():
+    m = LinearInfSAAttention(24, num_heads=3, qkv_bias=True).eval()
+    x = torch.randn(2, 23, 24)
+    with torch.no_grad():
+        whole = m.pooled_output([x])
+        parts = m.pooled_output([x[:, :5], x[:, 5:6], x[:, 6:]])
+    assert rel_err(parts, whole) <= 1e-6

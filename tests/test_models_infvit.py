@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 import linvit
-from linvit.layers import LinearInfSAAttention, PureInfSAAttention
+from linvit.layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 
 INFVIT_MODELS = [
     "vit_4l_patch16_224",
@@ -22,6 +22,9 @@ INFVIT_MODELS = [
     "infvit_small_patch16_224",
     "linear_infvit_tiny_patch16_224",
     "linear_infvit_small_patch16_224",
+    "katz_infvit_4l_patch16_224",
+    "katz_infvit_tiny_patch16_224",
+    "katz_infvit_small_patch16_224",
 ]
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -35,6 +38,10 @@ def readme_param_counts() -> dict[str, int]:
 def test_registry_lists_every_model():
     assert set(INFVIT_MODELS) <= set(linvit.list_models())
     assert set(INFVIT_MODELS) <= set(timm.list_models("*infvit*") + timm.list_models("vit_4l*"))
+    assert set(INFVIT_MODELS) | {"weightformer_tiny_patch16_224"} == set(linvit.list_models()) - {
+        "weightformer_small_patch16_224",
+        "weightformer_base_patch16_448",
+    }
 
 
 @pytest.mark.parametrize("name", INFVIT_MODELS)
@@ -58,6 +65,8 @@ def test_mixer_types_and_attention_config():
     lin = timm.create_model("linear_infvit_tiny_patch16_224", fold_kv=False, gamma_init=0.5)
     assert isinstance(lin.blocks[3].attn, LinearInfSAAttention) and not lin.blocks[3].attn.fold_kv
     torch.testing.assert_close(lin.blocks[3].attn.gamma, torch.full((3,), 0.5))
+    katz = timm.create_model("katz_infvit_tiny_patch16_224", feature_map="elu+1")
+    assert isinstance(katz.blocks[0].attn, KatzInfSAAttention) and katz.blocks[0].attn.feature_map == "elu+1"
     pure = timm.create_model("infvit_tiny_patch16_224", attn_impl="chunked")
     assert pure.blocks[0].attn.impl == "chunked"
     with pytest.raises(ValueError, match="mixer"):
@@ -141,3 +150,28 @@ def test_fixed_size_model_names_the_fix_and_nan_check_is_opt_in():
         timm.create_model("infvit_tiny_patch16_224", check_finite=True)(x)
     padded = timm.create_model("infvit_tiny_patch16_224", dynamic_img_pad=True)
     assert padded(torch.randn(1, 3, 40, 50)).shape == (1, 1000)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["linear_infvit_tiny_patch16_224", "infvit_tiny_patch16_224", "katz_infvit_tiny_patch16_224", "vit_4l_patch16_224"],
+)
+@pytest.mark.parametrize("chunk", [1, 7, 10_000])
+def test_token_chunked_inference_equals_full(name, chunk):
+    kwargs = dict(depth=2) if name.startswith("vit_4l") else {}
+    model = timm.create_model(name, num_classes=5, **kwargs).eval()
+    x = torch.randn(2, 3, 80, 48)
+    with torch.no_grad():
+        full = model(x)
+        model.set_token_chunk(chunk)
+        chunked = model(x)
+        feats = model.forward_features(x)
+    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
+    assert feats.shape == (2, 1 + 15, model.embed_dim)
+
+
+def test_token_chunk_is_inference_only():
+    model = timm.create_model("linear_infvit_tiny_patch16_224", num_classes=3, token_chunk=4)
+    x = torch.randn(1, 3, 64, 64)
+    model(x).sum().backward()  # autograd on: the ordinary path, gradients flow
+    assert model.blocks[0].attn.theta.grad is not None

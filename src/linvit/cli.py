@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -61,34 +62,169 @@ def _parse_kwargs(pairs: list[str]) -> dict:
 
 def _cmd_bench(args: argparse.Namespace) -> None:
     """Sweep models x resolutions, one subprocess per point; write bench.{json,csv,md} and scaling.png."""
+    from linvit.bench import SUITES
+
+    if args.suite:
+        names = list(SUITES) if args.suite == "all" else [args.suite]
+        for name in names:
+            if name not in SUITES:
+                raise ValueError(f"unknown suite {name!r}; choose from all, {', '.join(SUITES)}")
+        for name in names:
+            suite = SUITES[name]
+            print(f"== suite {name}")
+            _run_bench(
+                models=suite["models"], res=suite["res"], out=os.path.join(args.out, name),
+                ladder=suite.get("ladder", False), references=suite.get("reference", []),
+                timeout=suite.get("timeout", args.timeout),
+                mem_limit=suite.get("mem_limit", args.mem_limit), common=dict(
+                    batch=args.batch, mode=args.mode, device=args.device, dtype=args.dtype,
+                    warmup=suite.get("warmup", args.warmup), iters=suite.get("iters", args.iters),
+                    model_kwargs=suite.get("model_kwargs", {}),
+                ),
+                command=f"linvit bench --suite {name} --device {args.device} --dtype {args.dtype} --out {args.out}",
+            )  # fmt: skip
+        return
+    if not args.models:
+        raise ValueError("give --models (comma list) or --suite")
+    _run_bench(
+        models=args.models, res=args.res, out=args.out, ladder=args.ladder, references=args.reference,
+        timeout=args.timeout, mem_limit=args.mem_limit, common=dict(
+            batch=args.batch, mode=args.mode, device=args.device, dtype=args.dtype, warmup=args.warmup,
+            iters=args.iters, model_kwargs=_parse_kwargs(args.model_kwargs),
+        ),
+        command="linvit " + " ".join(sys.argv[1:]),
+    )  # fmt: skip
+
+
+def _run_bench(models, res, out, ladder, references, timeout, mem_limit, common, command) -> None:
     from pathlib import Path
 
-    from linvit.bench import ladder, split_name, sweep, write_outputs
+    from linvit.bench import ladder as run_ladder
+    from linvit.bench import split_name, sweep, write_outputs
 
-    for spec in args.models:
+    for spec in [*models, *references]:
         split_name(spec)  # fail fast on an unknown variant
-    if args.device == "cuda":
+    if common["device"] == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda requested but torch sees no CUDA device")
-    common = dict(
-        batch=args.batch, mode=args.mode, device=args.device, dtype=args.dtype, warmup=args.warmup, iters=args.iters,
-        model_kwargs=_parse_kwargs(args.model_kwargs),
-    )  # fmt: skip
-    extra = {"command": "linvit " + " ".join(sys.argv[1:])}
-    if args.ladder:
-        records, best = ladder(args.models, args.res[0], common, args.timeout, args.mem_limit)
+    extra = {"command": command, "settings": common}
+    if ladder:
+        records, best = run_ladder(models, res[0], common, timeout, mem_limit)
         extra["ladder_max_res"] = best
     else:
-        records = sweep(args.models, args.res, common, args.timeout, args.mem_limit)
-    slopes = write_outputs(records, Path(args.out), extra, reference=args.reference)
-    print((Path(args.out) / "bench.md").read_text())
+        records = sweep(models, res, common, timeout, mem_limit)
+    slopes = write_outputs(records, Path(out), extra, references=references)
+    print((Path(out) / "bench.md").read_text())
     for model, slope in slopes.items():
         print(f"scaling exponent (latency ~ tokens^k) {model}: {'n/a' if slope is None else f'{slope:.3f}'}")
-    for model, res in extra.get("ladder_max_res", {}).items():
-        print(f"largest resolution that ran {model}: {res if res else 'none'}")
-    print(f"wrote {args.out}/bench.json, bench.csv, bench.md, scaling.png")
+    for model, best_res in extra.get("ladder_max_res", {}).items():
+        print(f"largest resolution that ran {model}: {best_res if best_res else 'none'}")
+    print(f"wrote {out}/bench.json, bench.csv, bench.md, scaling.png")
+
+
+def _cmd_data(args: argparse.Namespace) -> None:
+    """Build the embedded cluttered-MNIST ImageFolder tree."""
+    from linvit.data import build_cluttered_mnist
+
+    meta = build_cluttered_mnist(
+        args.out, canvas=args.canvas, per_class_train=args.per_class_train, per_class_val=args.per_class_val,
+        clutter=args.clutter, seed=args.seed,
+    )  # fmt: skip
+    print(f"wrote {meta['images']['train']} train and {meta['images']['val']} val images, boxes.json to {args.out}")
+
+
+def _cmd_train(args: argparse.Namespace) -> None:
+    from linvit.train import run_train
+
+    args.model_kwargs = _parse_kwargs(args.model_kwargs)
+    run_train(args)
+
+
+def _cmd_eval(args: argparse.Namespace) -> None:
+    from linvit.evaluate import run_eval
+
+    args.model_kwargs = _parse_kwargs(args.model_kwargs)
+    run_eval(args)
+
+
+def _cmd_explain(args: argparse.Namespace) -> None:
+    from linvit.explain.run import run_explain
+
+    args.model_kwargs = _parse_kwargs(args.model_kwargs)
+    args.layer = args.layer if args.layer == "mean" else int(args.layer)
+    run_explain(args)
+
+
+def _cmd_spectral(args: argparse.Namespace) -> None:
+    from linvit.explain.run import run_spectral
+
+    args.model_kwargs = _parse_kwargs(args.model_kwargs)
+    run_spectral(args)
+
+
+def _cmd_erf(args: argparse.Namespace) -> None:
+    from linvit.explain.run import run_erf
+
+    args.model_kwargs = _parse_kwargs(args.model_kwargs)
+    run_erf(args)
+
+
+def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
+    p.add_argument("--data", required=True, help="ImageNet-layout folder (DIR/<split>/<class>/*)")
+    p.add_argument("--split", default="val")
+    p.add_argument("--model", required=True)
+    p.add_argument("--checkpoint", default=None, help="weights (.pth/.safetensors); default: random init")
+    p.add_argument("--img-size", type=int, default=None)
+    p.add_argument("--crop-pct", type=float, default=None)
+    p.add_argument("--limit", type=int, default=limit, help="images used (spread evenly over the split)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the model's initialisation (without --checkpoint)")
+    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V")
+
+
+def _add_common_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="root of an ImageNet-layout folder (DIR/<split>/<class>/*)")
+    p.add_argument("--model", required=True, help="registered model name, optionally with a :variant suffix")
+    p.add_argument("--img-size", type=int, default=None, help="input side (default: the model's)")
+    p.add_argument("--crop-pct", type=float, default=None, help="eval centre-crop fraction (default: the model's)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per process")
+    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="data-loading processes")
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra timm.create_model kwargs")
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    _add_common_data_args(p)
+    p.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
+    p.add_argument("--train-split", default="train")
+    p.add_argument("--val-split", default="val")
+    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--lr", type=float, default=None, help="absolute learning rate (default: base-lr * batch / 512)")
+    p.add_argument("--base-lr", type=float, default=5e-4, help="learning rate per 512 images of global batch")
+    p.add_argument("--min-lr", type=float, default=1e-5)
+    p.add_argument("--warmup-lr", type=float, default=1e-6)
+    p.add_argument("--warmup-epochs", type=int, default=5)
+    p.add_argument("--opt", default="adamw", help="timm optimizer name")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--drop-path", type=float, default=0.1, help="stochastic depth rate")
+    p.add_argument("--aa", default="rand-m9-mstd0.5-inc1", help="RandAugment policy ('none' to disable)")
+    p.add_argument("--color-jitter", type=float, default=0.3, help="used only when --aa none")
+    p.add_argument("--reprob", type=float, default=0.25, help="random-erasing probability")
+    p.add_argument("--mixup", type=float, default=0.8, help="mixup alpha (0 = off)")
+    p.add_argument("--cutmix", type=float, default=1.0, help="cutmix alpha (0 = off)")
+    p.add_argument("--smoothing", type=float, default=0.1, help="label smoothing")
+    p.add_argument("--interpolation", default="bicubic")
+    p.add_argument("--clip-grad", type=float, default=None, help="max gradient norm (WeightFormer recipe: 5.0)")
+    p.add_argument(
+        "--model-ema", action=argparse.BooleanOptionalAction, default=False, help="keep an EMA of the weights"
+    )
+    p.add_argument("--model-ema-decay", type=float, default=0.99996)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
+    p.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,22 +241,69 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="speed / memory / FLOPs / energy sweep, one subprocess per point")
     p.add_argument(
-        "--models", type=_csv(str), required=True, help="comma list; 'name:variant' e.g. vit_4l_patch16_224:naive"
+        "--models", type=_csv(str), default=None, help="comma list; 'name:variant', e.g. vit_4l_patch16_224:naive"
     )
+    p.add_argument("--suite", default=None, help="a recorded table of docs/benchmarks.md by name, or 'all'")
     p.add_argument("--res", type=_csv(int), default=[224, 512, 1024], help="comma list of square input sides")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--mode", choices=["infer", "train"], default="infer", help="forward only, or forward+backward")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="non-fp32 runs under autocast")
-    p.add_argument("--warmup", type=int, default=1, help="untimed iterations (the first also counts FLOPs)")
+    p.add_argument(
+        "--warmup", type=int, default=1, help="untimed iterations (the first counts FLOPs; 0 = no warm-up, no FLOPs)"
+    )
     p.add_argument("--iters", type=int, default=5, help="timed iterations")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per point before it is recorded as timeout")
     p.add_argument("--mem-limit", type=float, default=None, help="GB per point; above it the point is 'oom'")
     p.add_argument("--ladder", action="store_true", help="per model, double the first --res until a point fails")
-    p.add_argument("--reference", default=None, help="model whose latency the others are compared with (speed-up)")
+    p.add_argument("--reference", type=_csv(str), default=[], help="models to report speed-ups against (comma list)")
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra timm.create_model kwargs")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("data", help="build the embedded datasets (offline)")
+    data_sub = p.add_subparsers(dest="dataset", required=True)
+    d = data_sub.add_parser("cluttered-mnist", help="MNIST digits on a cluttered canvas, with boxes.json")
+    d.add_argument("--out", required=True)
+    d.add_argument("--canvas", type=int, default=64, help="canvas side in pixels (>= 28)")
+    d.add_argument("--per-class-train", type=int, default=300)
+    d.add_argument("--per-class-val", type=int, default=100)
+    d.add_argument("--clutter", type=int, default=4, help="clutter fragments per image")
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=_cmd_data)
+
+    p = sub.add_parser("train", help="train with the DeiT recipe (torchrun for DDP)")
+    _add_train_args(p)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="top-1 / top-5 / loss of a checkpoint on a split")
+    _add_common_data_args(p)
+    p.add_argument("--split", default="val")
+    p.add_argument("--checkpoint", default=None, help=".pth (ours or official WeightFormer) or .safetensors")
+    p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("explain", help="importance maps, MoRF/LeRF, box ROC/PR-AUC, pointing game")
+    _add_analysis_args(p, limit=64)
+    p.add_argument("--boxes", default=None, help="boxes.json or a folder of VOC XML files (default DATA/boxes.json)")
+    p.add_argument("--method", default=None, help="linear|column|katz|perron|cls|rollout|grad (default: the model's)")
+    p.add_argument("--layer", default="mean", help="layer index or 'mean'")
+    p.add_argument("--steps", type=int, default=10, help="perturbation steps")
+    p.add_argument("--tolerance", type=float, default=15.0, help="pointing-game tolerance in pixels")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_explain)
+
+    p = sub.add_parser("spectral", help="Linear-InfSA importance vs the Perron vector, spectral radius, truncation gap")
+    _add_analysis_args(p, limit=8)
+    p.add_argument("--depth", type=int, default=None, help="series truncation depth (default: number of InfSA layers)")
+    p.add_argument("--out", required=True, help="JSON file")
+    p.set_defaults(func=_cmd_spectral)
+
+    p = sub.add_parser("erf", help="effective receptive field heat map (RepLKNet protocol)")
+    _add_analysis_args(p, limit=16)
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=_cmd_erf)
     return parser
 
 

@@ -1,10 +1,11 @@
 """Scalability benchmark: one subprocess per (model, resolution) point; latency, memory, FLOPs, energy."""
 
+from ..models.variants import apply_variant, create_variant, split_name
 from .report import exponents, fit_exponent, markdown_table, write_outputs
 from .runner import ladder, run_point, sweep
-from .variants import apply_variant, create_variant, split_name
+from .suites import SUITES
 
 __all__ = [
     "run_point", "sweep", "ladder", "fit_exponent", "exponents", "markdown_table", "write_outputs",
-    "create_variant", "apply_variant", "split_name",
+    "create_variant", "apply_variant", "split_name", "SUITES",
 ]  # fmt: skip

@@ -18,8 +18,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import linvit  # noqa: F401  (registers the models)
 
+from ..models.variants import create_variant
 from .meters import EnergyMeter, PeakMemory
-from .variants import create_variant
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULTS = {"batch": 1, "mode": "infer", "device": "cpu", "dtype": "fp32", "warmup": 1, "iters": 3}
@@ -36,12 +36,17 @@ def measure(spec: dict) -> dict:
     device = torch.device(spec["device"])
     dtype = DTYPES[spec["dtype"]]
     mode, batch, res = spec["mode"], int(spec["batch"]), int(spec["res"])
-    warmup, iters = max(1, int(spec["warmup"])), max(1, int(spec["iters"]))
+    warmup, iters = max(0, int(spec["warmup"])), max(1, int(spec["iters"]))
     if device.type == "cuda" and spec.get("mem_limit_gb"):
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["mem_limit_gb"] * 2**30 / total), device)
     torch.manual_seed(0)
-    model = create_variant(spec["model"], img_size=res, **spec.get("model_kwargs", {})).to(device)
+    kwargs = spec.get("model_kwargs") or {}
+    try:  # resample position embeddings per input (as deployed), never a weight sized to the resolution
+        model = create_variant(spec["model"], dynamic_img_size=True, **kwargs)
+    except TypeError:  # models without position embeddings take any size as they are
+        model = create_variant(spec["model"], **kwargs)
+    model = model.to(device)
     model.train(mode == "train")
     x = torch.randn(batch, 3, res, res, device=device)
     target = torch.randint(0, max(1, getattr(model, "num_classes", 1000)), (batch,), device=device)
@@ -59,9 +64,12 @@ def measure(spec: dict) -> dict:
 
     energy = EnergyMeter(device)
     times: list[float] = []
+    flops = None
     with PeakMemory(device) as mem:
-        with FlopCounterMode(display=False) as counter:  # the first warm-up iteration is the counted one
-            step()
+        if warmup:
+            with FlopCounterMode(display=False) as counter:  # the first warm-up iteration is the counted one
+                step()
+            flops = counter.get_total_flops()
         for _ in range(warmup - 1):
             step()
         _sync(device)
@@ -73,7 +81,6 @@ def measure(spec: dict) -> dict:
             times.append(time.perf_counter() - t0)
         e1 = energy.joules()
     median = statistics.median(times)
-    flops = counter.get_total_flops()
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", (16, 16))
     return {
         **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype")},
@@ -90,8 +97,8 @@ def measure(spec: dict) -> dict:
         "images_per_s": batch / median,
         "peak_mem_mb": mem.peak / 2**20,
         "peak_total_mb": mem.total / 2**20,
-        "gflops": flops / 1e9,
-        "gflops_per_s": flops / 1e9 / median,
+        "gflops": flops / 1e9 if flops is not None else None,
+        "gflops_per_s": flops / 1e9 / median if flops is not None else None,
         "energy_j_per_img": (e1 - e0) / (iters * batch) if e0 is not None else None,
         "energy_reason": energy.reason,
         "params": sum(p.numel() for p in model.parameters()),

@@ -49,11 +49,11 @@ def _speedup(record: dict, records: list[dict], reference: str | None) -> float 
     return ref[0]["latency_ms"] / record["latency_ms"] if ref else None
 
 
-def markdown_table(records: list[dict], reference: str | None = None) -> str:
-    """One row per point with latency, throughput, memory, GFLOPs, status (and speed-up vs reference)."""
+def markdown_table(records: list[dict], references: list[str] | None = None) -> str:
+    """One row per point with latency, throughput, memory, GFLOPs, status (and speed-up vs each reference)."""
+    references = references or []
     head = ["model", "res", "tokens", "status", "latency ms (IQR)", "img/s", "peak MB", "GFLOPs", "GFLOP/s", "J/img"]
-    if reference:
-        head.append(f"speed-up vs `{reference}`")
+    head += [f"speed-up vs `{ref}`" for ref in references]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         ok = r["status"] == "ok"
@@ -62,8 +62,8 @@ def markdown_table(records: list[dict], reference: str | None = None) -> str:
         cells = [f"`{r['model']}`", r["res"], r.get("tokens"), status, latency]
         cells += [r.get(k) if ok else None for k in ("images_per_s", "peak_mem_mb", "gflops", "gflops_per_s")]
         cells.append(r.get("energy_j_per_img"))
-        if reference:
-            speedup = _speedup(r, records, reference)
+        for ref in references:
+            speedup = _speedup(r, records, ref)
             cells.append(None if speedup is None else f"{speedup:.2f}x")
         lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
     return "\n".join(lines)
@@ -102,7 +102,7 @@ def plot_scaling(records: list[dict], path: Path) -> None:
 
 
 def write_outputs(
-    records: list[dict], out: Path, extra: dict | None = None, reference: str | None = None
+    records: list[dict], out: Path, extra: dict | None = None, references: list[str] | None = None
 ) -> dict[str, float | None]:
     """Write bench.json, bench.csv, bench.md and scaling.png into out; returns the exponents."""
     out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,7 @@ def write_outputs(
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(records)
-    lines = [markdown_table(records, reference), "", "| model | latency exponent vs tokens |", "|---|---|"]
+    lines = [markdown_table(records, references), "", "| model | latency exponent vs tokens |", "|---|---|"]
     lines += [f"| `{m}` | {'-' if s is None or math.isnan(s) else f'{s:.3f}'} |" for m, s in slopes.items()]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     plot_scaling(records, out / "scaling.png")

@@ -1,9 +1,9 @@
 """nn.Modules built on linvit.ops: InfSA attentions (timm attn_layer compatible) and dynamic layers."""
 
 from .dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, DynamicDWConv, DynamicLinear
-from .infsa_attention import LinearInfSAAttention, PureInfSAAttention
+from .infsa_attention import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 
 __all__ = [
-    "PureInfSAAttention", "LinearInfSAAttention", "DynamicLinear", "DynamicDWConv", "LINEAR_PREDICTORS",
-    "CONV_PREDICTORS",
+    "PureInfSAAttention", "LinearInfSAAttention", "KatzInfSAAttention", "DynamicLinear", "DynamicDWConv",
+    "LINEAR_PREDICTORS", "CONV_PREDICTORS",
 ]  # fmt: skip

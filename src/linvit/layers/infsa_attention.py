@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..ops import linear_infsa, pure_infsa, soft_query
+from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops._common import no_autocast
 from ..ops.infsa import l1_normalize
 
@@ -142,36 +142,96 @@ class LinearInfSAAttention(_InfSABase):
 
     def importance(self, x: torch.Tensor) -> torch.Tensor:
         """Token importance a of shape (B, H, N) for the (already normalised) block input x."""
-        return self._folded_state(x)[0]
+        with no_autocast(x):
+            q_key = self._soft_query_key([x])
+            logits = self._key_logits(x.to(q_key.dtype), q_key)
+            return l1_normalize(torch.relu(logits), self.eps)
 
-    def _folded_state(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Importance a (B, H, N) and pooled value z (B, H, D) before gamma, from one Q projection."""
-        B, N, C = x.shape
-        H, D = self.num_heads, self.head_dim
+    def _qkv_slices(self):
         w_q, w_k, w_v = self.qkv.weight.chunk(3)
         b_q, b_k, b_v = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None, None, None)
-        q = F.linear(x, w_q, b_q).reshape(B, N, H, D).transpose(1, 2)
-        with no_autocast(x):
-            q_bar = soft_query(q, self.eps)  # (B, H, D), already scaled by 1/sqrt(D)
-            acc = q_bar.dtype
-            xa = x.to(acc)
-            q_key = q_bar * D**-0.5  # the release scales k by 1/sqrt(D) too
-            u = torch.einsum("bhd,hdc->bhc", q_key, w_k.to(acc).reshape(H, D, C))
-            logits = torch.einsum("bnc,bhc->bhn", xa, u)
-            if b_k is not None:
-                logits = logits + torch.einsum("bhd,hd->bh", q_key, b_k.to(acc).reshape(H, D))[..., None]
-            a = l1_normalize(torch.relu(logits), self.eps)
-            if self.training and self.attn_drop.p > 0:
-                a = self.attn_drop(a)
-            pooled_x = torch.einsum("bhn,bnc->bhc", a, xa)
-            z = torch.einsum("bhc,hdc->bhd", pooled_x, w_v.to(acc).reshape(H, D, C))
+        return w_q, w_k, w_v, b_q, b_k, b_v
+
+    def _soft_query_key(self, chunks) -> torch.Tensor:
+        """Soft query over all chunks, pre-scaled for the key side: q_bar / sqrt(D), shape (B, H, D).
+
+        q_bar = sum_i e_i q~_i / (sum_i e_i + eps) is accumulated chunk by chunk (numerator and
+        denominator), so the Q projection never needs all tokens at once.
+        """
+        H, D = self.num_heads, self.head_dim
+        w_q, _, _, b_q, _, _ = self._qkv_slices()
+        num = den = None
+        for xc in chunks:
+            B, n, _ = xc.shape
+            q = F.linear(xc, w_q, b_q).reshape(B, n, H, D).transpose(1, 2)
+            qs = q.to(torch.float64 if q.dtype == torch.float64 else torch.float32) * D**-0.5
+            with no_autocast(qs):
+                energy = torch.linalg.vector_norm(qs, dim=-1)  # (B, H, n)
+                part_num, part_den = torch.einsum("bhn,bhnd->bhd", energy, qs), energy.sum(-1)
+            num, den = (part_num, part_den) if num is None else (num + part_num, den + part_den)
+        return num / (den[..., None] + self.eps) * D**-0.5
+
+    def _key_logits(self, xa: torch.Tensor, q_key: torch.Tensor) -> torch.Tensor:
+        """q_bar . k~_j for every token of xa without projecting K: x_j . (W_k^T q_key) + b_k . q_key."""
+        H, D, C = self.num_heads, self.head_dim, xa.shape[-1]
+        _, w_k, _, _, b_k, _ = self._qkv_slices()
+        u = torch.einsum("bhd,hdc->bhc", q_key, w_k.to(q_key.dtype).reshape(H, D, C))
+        logits = torch.einsum("bnc,bhc->bhn", xa, u)
+        if b_k is not None:
+            logits = logits + torch.einsum("bhd,hd->bh", q_key, b_k.to(q_key.dtype).reshape(H, D))[..., None]
+        return logits
+
+    def pooled_output(self, chunks) -> torch.Tensor:
+        """The mixer output shared by every token, (B, 1, C), from a re-iterable of input chunks.
+
+        Two streaming passes (soft query, then importance-weighted sums), with K and V folded:
+        z = gamma * (W_v sum_j a_j x_j + b_v sum_j a_j), a_j = ReLU(logit_j) / (sum_l ReLU(logit_l) + eps).
+        Only O(B H C) state is kept between chunks, so memory is bounded by the chunk size.
+        """
+        H, D = self.num_heads, self.head_dim
+        _, _, w_v, _, _, b_v = self._qkv_slices()
+        first = next(iter(chunks))
+        B, _, C = first.shape
+        with no_autocast(first):
+            q_key = self._soft_query_key(chunks)
+            acc = q_key.dtype
+            total = mass = pooled_x = None
+            for xc in chunks:
+                xa = xc.to(acc)
+                a = torch.relu(self._key_logits(xa, q_key))
+                kept = self.attn_drop(a) if self.training and self.attn_drop.p > 0 else a
+                parts = (a.sum(-1), kept.sum(-1), torch.einsum("bhn,bnc->bhc", kept, xa))
+                total, mass, pooled_x = (
+                    parts if total is None else (total + parts[0], mass + parts[1], pooled_x + parts[2])
+                )
+            scale = 1.0 / (total + self.eps)  # the L1 normalisation of a, applied once at the end
+            z = torch.einsum("bhc,hdc->bhd", pooled_x * scale[..., None], w_v.to(acc).reshape(H, D, C))
             if b_v is not None:
-                z = z + a.sum(-1, keepdim=True) * b_v.to(acc).reshape(H, D)
-        return a, z
+                z = z + (mass * scale)[..., None] * b_v.to(acc).reshape(H, D)
+            z = (self.gamma.to(acc)[:, None] * z).to(first.dtype).reshape(B, 1, C)
+        return self.proj(self.norm(z))
 
     def _forward_folded(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
-        _, z = self._folded_state(x)
-        z = (self.gamma.to(z.dtype)[:, None] * z).to(x.dtype).reshape(B, 1, C)
-        y = self.proj(self.norm(z)).expand(B, N, C)  # identical rows: project once per sample
+        y = self.pooled_output([x]).expand(B, N, C)  # identical rows: projected once per sample
         return self.proj_drop(y) if self.training and self.proj_drop.p > 0 else y
+
+
+class KatzInfSAAttention(_InfSABase):
+    """Katz-InfSA: the exact infinite-hop series sum_t gamma^t A^^t v in O(N d^2) (linvit.ops.katz_infsa).
+
+    Token-dependent outputs like pure InfSA, linear cost like Linear-InfSA. The attention matrix is
+    never formed, so attention dropout and masks are not available.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *, feature_map: str = "relu", **kwargs):
+        if kwargs.get("attn_drop", 0.0):
+            raise ValueError("Katz-InfSA never forms the attention matrix; attn_drop must be 0")
+        super().__init__(dim, num_heads, **kwargs)
+        self.feature_map = feature_map
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise ValueError("Katz-InfSA works on low-rank factors; attention masks are not supported")
+        q, k, v = self.project_qkv(x)
+        return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.feature_map))

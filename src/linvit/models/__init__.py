@@ -2,6 +2,7 @@
 
 from . import infvit, weightformer
 from .infvit import InfViT
+from .variants import apply_variant, create_variant, split_name
 from .weightformer import WeightFormer
 
-__all__ = ["InfViT", "WeightFormer", "infvit", "weightformer"]
+__all__ = ["InfViT", "WeightFormer", "infvit", "weightformer", "create_variant", "apply_variant", "split_name"]

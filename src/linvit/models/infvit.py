@@ -8,26 +8,36 @@ so forward_intermediates, features_only, grad checkpointing and checkpoint filte
 
 from __future__ import annotations
 
+import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Attention
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-from ..layers import LinearInfSAAttention, PureInfSAAttention
+from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from ._input import CheckedPatchEmbed
 
-MIXERS = {"softmax": Attention, "pure": PureInfSAAttention, "linear": LinearInfSAAttention}
+MIXERS = {
+    "softmax": Attention,
+    "pure": PureInfSAAttention,
+    "linear": LinearInfSAAttention,
+    "katz": KatzInfSAAttention,
+}
 
 
 class InfViT(VisionTransformer):
     """timm VisionTransformer with a selectable token mixer and validated input.
 
     Args:
-        mixer: "softmax", "pure" or "linear" (see MIXERS).
+        mixer: "softmax", "pure", "linear" or "katz" (see MIXERS).
         gamma_init: initial per-head discount of InfSA mixers.
         attn_impl: pure InfSA form, "auto" | "dense" | "chunked".
         fold_kv: Linear-InfSA folds the K/V projections (identical outputs, fewer FLOPs).
+        feature_map: Katz-InfSA's non-negative feature map, "relu" or "elu+1".
         check_finite: reject NaN/Inf inputs with a ValueError (one extra pass over the input).
+        token_chunk: at inference (no autograd), run token-wise work (norms, MLP, Linear-InfSA's
+            streaming passes) over this many tokens at a time, updating the residual stream in
+            place, so peak memory stays a small multiple of one N x C activation. None = off.
         **kwargs: VisionTransformer arguments. dynamic_img_size defaults to True: these models are
             meant for any resolution, with position embeddings resampled to the token grid.
     """
@@ -38,7 +48,9 @@ class InfViT(VisionTransformer):
         gamma_init: float = 0.9,
         attn_impl: str = "auto",
         fold_kv: bool = True,
+        feature_map: str = "relu",
         check_finite: bool = False,
+        token_chunk: int | None = None,
         **kwargs,
     ) -> None:
         if mixer not in MIXERS:
@@ -46,20 +58,79 @@ class InfViT(VisionTransformer):
         kwargs.setdefault("dynamic_img_size", True)
         super().__init__(attn_layer=MIXERS[mixer], embed_layer=CheckedPatchEmbed, **kwargs)
         self.mixer = mixer
+        self.token_chunk = token_chunk
         self.patch_embed.check_finite = check_finite
         for module in self.modules():
             if isinstance(module, PureInfSAAttention):
                 module.impl = attn_impl
             if isinstance(module, LinearInfSAAttention):
                 module.fold_kv = fold_kv
+            if isinstance(module, KatzInfSAAttention):
+                module.feature_map = feature_map
             if hasattr(module, "theta") and gamma_init != module.gamma_init:
                 module.gamma_init = gamma_init
                 module.reset_parameters()
+
+    def forward_features(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
+        if not self.token_chunk or torch.is_grad_enabled() or attn_mask is not None or is_causal:
+            return super().forward_features(x, attn_mask=attn_mask, is_causal=is_causal)
+        return self._forward_features_chunked(x, self.token_chunk)
+
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.token_chunk or torch.is_grad_enabled():
+            return super()._pos_embed(x)
+        # inference: add the (resampled) position embedding in place instead of allocating x + pos
+        B, H, W, C = x.shape if self.dynamic_img_size else (x.shape[0], None, None, x.shape[-1])
+        x = x.reshape(B, -1, C)
+        pos = self.pos_embed
+        if self.dynamic_img_size:
+            from timm.layers import resample_abs_pos_embed
+
+            pos = resample_abs_pos_embed(
+                pos, (H, W), self.patch_embed.grid_size, num_prefix_tokens=self.num_prefix_tokens
+            )
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        x = torch.cat([*prefix, x], dim=1) if prefix else x.contiguous()
+        x.add_(pos)
+        del pos
+        return self.pos_drop(x)
+
+    @torch.no_grad()
+    def _forward_features_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
+        """Inference with token-wise work in chunks and the residual stream updated in place."""
+        x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
+        N = x.shape[1]
+        spans = [(s, min(s + chunk, N)) for s in range(0, N, chunk)]
+        for blk in self.blocks:
+            attn = blk.attn
+            if isinstance(attn, LinearInfSAAttention) and attn.fold_kv and isinstance(attn.k_norm, torch.nn.Identity):
+                x.add_(blk.ls1(attn.pooled_output(_Chunks(x, spans, blk.norm1))))  # (B, 1, C) broadcast
+            else:
+                x = x + blk.ls1(attn(blk.norm1(x)))
+            for s, e in spans:
+                x[:, s:e] += blk.ls2(blk.mlp(blk.norm2(x[:, s:e])))
+        for s, e in spans:
+            x[:, s:e] = self.norm(x[:, s:e])
+        return x
+
+    def set_token_chunk(self, chunk: int | None) -> None:
+        """Enable (tokens per chunk) or disable (None) chunked inference; see the class docstring."""
+        self.token_chunk = chunk
 
     def no_weight_decay(self) -> set[str]:
         """timm's set plus every discount parameter: decaying theta would pull gamma toward 0.5."""
         names = {n for n, _ in self.named_parameters() if n.endswith(".theta")}
         return super().no_weight_decay() | names
+
+
+class _Chunks:
+    """Re-iterable view of fn(x[:, s:e]) over token spans (the streaming passes iterate twice)."""
+
+    def __init__(self, x: torch.Tensor, spans: list[tuple[int, int]], fn) -> None:
+        self.x, self.spans, self.fn = x, spans, fn
+
+    def __iter__(self):
+        return (self.fn(self.x[:, s:e]) for s, e in self.spans)
 
 
 def _cfg(**kwargs) -> dict:
@@ -97,6 +168,9 @@ default_cfgs = generate_default_cfgs(
         "infvit_small_patch16_224": _cfg(),
         "linear_infvit_tiny_patch16_224": _cfg(),
         "linear_infvit_small_patch16_224": _cfg(),
+        "katz_infvit_4l_patch16_224": _cfg(),
+        "katz_infvit_tiny_patch16_224": _cfg(),
+        "katz_infvit_small_patch16_224": _cfg(),
     }
 )
 
@@ -159,3 +233,21 @@ def linear_infvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> InfViT
 def linear_infvit_small_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Linear-InfSA ViT-Small: 12 layers, width 384, 6 heads."""
     return _create("linear_infvit_small_patch16_224", "linear", "small", pretrained, **kwargs)
+
+
+@register_model
+def katz_infvit_4l_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
+    """Katz-InfSA ViT (exact infinite-hop series, linear time), 4 layers, width 1024, 16 heads."""
+    return _create("katz_infvit_4l_patch16_224", "katz", "4l", pretrained, **kwargs)
+
+
+@register_model
+def katz_infvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
+    """Katz-InfSA ViT-Tiny: 12 layers, width 192, 3 heads."""
+    return _create("katz_infvit_tiny_patch16_224", "katz", "tiny", pretrained, **kwargs)
+
+
+@register_model
+def katz_infvit_small_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
+    """Katz-InfSA ViT-Small: 12 layers, width 384, 6 heads."""
+    return _create("katz_infvit_small_patch16_224", "katz", "small", pretrained, **kwargs)

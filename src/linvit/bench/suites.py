@@ -1,0 +1,40 @@
+"""The benchmark tables of docs/benchmarks.md as named suites: ``linvit bench --suite NAME|all --out DIR``.
+
+Each suite is one sweep (or ladder) with fixed settings, so every recorded table is reproduced by one
+command and lands in DIR/<suite>/bench.{json,csv,md} + scaling.png.
+"""
+
+from __future__ import annotations
+
+FOUR_LAYER = [
+    "vit_4l_patch16_224",
+    "vit_4l_patch16_224:naive",
+    "infvit_4l_patch16_224",
+    "linear_infvit_4l_patch16_224",
+    "katz_infvit_4l_patch16_224",
+]
+
+SUITES: dict[str, dict] = {
+    # issue: the folded Linear-InfSA fast path against the release's per-token K/V projections
+    "fold": dict(
+        models=["linear_infvit_4l_patch16_224", "linear_infvit_4l_patch16_224:unfolded"],
+        res=[224, 512, 1024], iters=7, warmup=2, reference=["linear_infvit_4l_patch16_224:unfolded"],
+    ),
+    # the 4-layer family, inference, batch 1, fp32, against both softmax baselines
+    "family4l": dict(
+        models=FOUR_LAYER, res=[224, 512, 1024, 2048], iters=3, warmup=1, mem_limit=20.0, timeout=1200,
+        reference=["vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
+    ),
+    # largest resolution per model: doubling from 1024 until a point fails (20 GB, 5 min per point, no warm-up)
+    "ladder4l": dict(models=FOUR_LAYER, res=[1024], ladder=True, iters=1, warmup=0, mem_limit=20.0, timeout=300),
+    # WeightFormer-T against DeiT-T (timm's fused attention)
+    "weightformer": dict(
+        models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"], res=[224, 512, 1024, 1248], iters=5,
+        warmup=2, reference=["deit_tiny_patch16_224"],
+    ),
+    # very high resolution with token-chunked inference
+    "highres": dict(
+        models=["linear_infvit_4l_patch16_224"], res=[9216], iters=1, warmup=1, timeout=3000,
+        model_kwargs={"token_chunk": 16384},
+    ),
+}  # fmt: skip

@@ -1,0 +1,47 @@
+"""torchrun helpers: process-group set-up (gloo on CPU, NCCL on CUDA), rank queries, reductions."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed(device: str = "auto") -> tuple[int, int, torch.device]:
+    """Join the torchrun process group if launched by torchrun; returns (rank, world_size, device)."""
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but torch sees no CUDA device")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return rank, world, dev
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum each value over ranks (identity in a single process); float64 so counts stay exact."""
+    if not is_distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    if is_distributed():
+        dist.destroy_process_group()

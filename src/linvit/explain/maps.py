@@ -1,0 +1,213 @@
+"""Importance maps on the patch grid, read from the models' own mixers through forward hooks.
+
+Methods (``method=``):
+    linear    Linear-InfSA's importance vector a (heads averaged).
+    column    one-hop column centrality of A^ (sum_i A^_ij: how much token j is attended).
+    katz      Katz centrality ((I - gamma A^)^{-1} - I)^T 1 of A^ (the infinite-hop attention received).
+    perron    the left Perron vector of A^ (power iteration, float64).
+    cls       softmax ViT/DeiT: class-token attention row (heads averaged).
+    rollout   softmax ViT/DeiT: attention rollout over layers (Abnar & Zuidema 2020, 0.5 A + 0.5 I).
+    grad      any model: |d logit_c / d input| summed over channels and pooled per patch, c the prediction.
+For InfSA layers A^ is the layer's own operator: ReLU(q k^T / d) Frobenius-normalised (pure and
+Linear-InfSA layers), or phi(q) phi(k)^T normalised (Katz-InfSA layers). Maps never change outputs:
+hooks read each mixer's input, and the maps are recomputed from it in float64 without autograd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import Attention
+
+from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from ..models import WeightFormer
+from ..ops import katz_centrality, perron_vector
+from ..ops.katz import feature_map
+
+INFSA = (PureInfSAAttention, LinearInfSAAttention, KatzInfSAAttention)
+METHODS = ("linear", "column", "katz", "perron", "cls", "rollout", "grad")
+
+
+@dataclass
+class ImportanceMaps:
+    """patch: (B, h, w) maps of the chosen layer(s); image: (B, H, W) upsampled; layers: (B, L, h, w) or None."""
+
+    patch: torch.Tensor
+    image: torch.Tensor
+    layers: torch.Tensor | None
+    method: str
+
+
+def default_method(model: nn.Module) -> str:
+    """The natural map of a model: its mixer's own importance, or gradients when it has none."""
+    kinds = {type(m) for m in model.modules()}
+    if LinearInfSAAttention in kinds:
+        return "linear"
+    if PureInfSAAttention in kinds or KatzInfSAAttention in kinds:
+        return "katz"
+    if Attention in kinds:
+        return "rollout"
+    return "grad"
+
+
+def _mixers(model: nn.Module, method: str) -> list[nn.Module]:
+    wanted = {"linear": (LinearInfSAAttention,), "cls": (Attention,), "rollout": (Attention,)}.get(method, INFSA)
+    mixers = [m for m in model.modules() if isinstance(m, wanted)]
+    if not mixers:
+        names = ", ".join(w.__name__ for w in wanted)
+        raise ValueError(f"method {method!r} needs {names} layers; {type(model).__name__} has none (try method='grad')")
+    return mixers
+
+
+def _capture_inputs(model: nn.Module, mixers: list[nn.Module], images: torch.Tensor) -> tuple[list, torch.Tensor]:
+    """Run the model once and return each mixer's input tokens (detached) and the logits."""
+    captured: list[torch.Tensor] = [None] * len(mixers)  # type: ignore[list-item]
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, args, i=i: captured.__setitem__(i, args[0].detach()))
+        for i, m in enumerate(mixers)
+    ]
+    try:
+        with torch.no_grad():
+            logits = model(images)
+    finally:
+        for h in hooks:
+            h.remove()
+    return captured, logits
+
+
+def _qk(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Projected (and q/k-normalised) q, k of shape (B, H, N, D) as float64, for any timm-layout attention."""
+    B, N, _ = x.shape
+    q, k, _ = mixer.qkv(x).reshape(B, N, 3, mixer.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    return mixer.q_norm(q).double(), mixer.k_norm(k).double()
+
+
+def infsa_operator(mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Dense A^ (B, H, N, N), float64, of an InfSA layer on its input x (small N only)."""
+    q, k = _qk(mixer, x)
+    D = q.shape[-1]
+    if isinstance(mixer, KatzInfSAAttention):
+        A = feature_map(q, mixer.feature_map) @ feature_map(k, mixer.feature_map).transpose(-2, -1)
+    else:
+        A = torch.relu(q @ k.transpose(-2, -1) / D)
+    return A / (torch.linalg.vector_norm(A, dim=(-2, -1), keepdim=True) + mixer.eps)
+
+
+def dense_perron(A: torch.Tensor, iters: int = 500) -> torch.Tensor:
+    """Left Perron vector (B, H, N) of non-negative A by power iteration on (A + I)^T, L1-normalised."""
+    At = A.transpose(-2, -1) + torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    v = torch.full(A.shape[:-1], 1.0 / A.shape[-1], dtype=A.dtype, device=A.device)
+    for _ in range(iters):
+        v = (At @ v[..., None])[..., 0]
+        v = v / v.sum(-1, keepdim=True).clamp_min(1e-300)
+    return v
+
+
+def layer_scores(mixer: nn.Module, x: torch.Tensor, method: str) -> torch.Tensor:
+    """Per-token scores (B, N) of one layer for a method (heads averaged)."""
+    with torch.no_grad():
+        if method == "linear":
+            return mixer.importance(x).double().mean(1)
+        if method in ("cls", "rollout"):
+            q, k = _qk(mixer, x)
+            return ((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5).softmax(-1)  # (B, H, N, N) for rollout
+        if isinstance(mixer, KatzInfSAAttention) and method in ("katz", "perron"):
+            q, k = _qk(mixer, x)
+            if method == "katz":
+                return katz_centrality(q, k, mixer.gamma.double(), mixer.eps, mixer.feature_map).mean(1)
+            return perron_vector(q, k, mixer.eps, mixer.feature_map).mean(1)
+        A = infsa_operator(mixer, x)
+        if method == "column":
+            return A.sum(-2).mean(1)
+        if method == "katz":
+            g = mixer.gamma.double().reshape(1, -1, 1, 1)
+            eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+            kernel = torch.linalg.inv(eye - g * A) - eye
+            return kernel.sum(-2).mean(1)
+        if method == "perron":
+            return dense_perron(A).mean(1)
+    raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def _grid(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
+    return tuple(model.patch_embed.dynamic_feat_size(images.shape[-2:]))
+
+
+def _prefix(model: nn.Module) -> int:
+    return 0 if isinstance(model, WeightFormer) else int(getattr(model, "num_prefix_tokens", 0))
+
+
+def _rollout(attns: list[torch.Tensor], prefix: int) -> torch.Tensor:
+    """Attention rollout: product of row-normalised 0.5 A + 0.5 I over layers; the class token's row."""
+    result = None
+    for a in attns:
+        a = a.mean(1)
+        a = 0.5 * a + 0.5 * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+        a = a / a.sum(-1, keepdim=True)
+        result = a if result is None else a @ result
+    return result[:, 0, prefix:] if prefix else result.mean(1)
+
+
+def gradient_saliency(model: nn.Module, images: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+    """|d logit_target / d image| summed over channels, (B, H, W); target defaults to the prediction."""
+    x = images.clone().requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(x)
+        target = logits.argmax(1) if target is None else target
+        logits.gather(1, target[:, None]).sum().backward()
+    return x.grad.abs().sum(1).detach()
+
+
+def importance_maps(
+    model: nn.Module,
+    images: torch.Tensor,
+    method: str | None = None,
+    layer: int | str = "mean",
+    target: torch.Tensor | None = None,
+) -> ImportanceMaps:
+    """One importance map per image, on the patch grid and upsampled (bilinear) to the image.
+
+    Args:
+        model: a linvit or timm ViT/DeiT model (eval mode is used and restored).
+        images: (B, 3, H, W) normalised batch.
+        method: see the module docstring; default: default_method(model).
+        layer: layer index (negative from the end) or "mean" over layers (ignored by cls/rollout/grad).
+        target: classes for "grad" (default: the predicted class).
+    """
+    method = method or default_method(model)
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    was_training = model.training
+    model.eval()
+    try:
+        h, w = _grid(model, images)
+        B = images.shape[0]
+        if method == "grad":
+            sal = gradient_saliency(model, images, target)
+            patch = F.adaptive_avg_pool2d(sal[:, None], (h, w))[:, 0]
+            layers = None
+        else:
+            mixers = _mixers(model, method)
+            inputs, _ = _capture_inputs(model, mixers, images)
+            prefix = _prefix(model)
+            if method in ("cls", "rollout"):
+                attns = [layer_scores(m, x, method) for m, x in zip(mixers, inputs, strict=True)]
+                if method == "cls":
+                    tokens = attns[-1].mean(1)[:, 0, prefix:] if prefix else attns[-1].mean(1).mean(1)
+                else:
+                    tokens = _rollout(attns, prefix)
+                patch, layers = tokens.reshape(B, h, w), None
+            else:
+                per_layer = torch.stack(
+                    [layer_scores(m, x, method)[:, prefix:] for m, x in zip(mixers, inputs, strict=True)], 1
+                )
+                layers = per_layer.reshape(B, -1, h, w)
+                patch = layers.mean(1) if layer == "mean" else layers[:, int(layer)]
+    finally:
+        model.train(was_training)
+    patch = patch.float()
+    image = F.interpolate(patch[:, None], size=images.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
+    return ImportanceMaps(patch=patch, image=image, layers=None if layers is None else layers.float(), method=method)

@@ -1,0 +1,209 @@
+"""`linvit explain | spectral | erf`: load a model and a split, compute, write JSON + figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from timm.data import create_transform, resolve_data_config
+
+from ..data import SafeImageFolder, boxes_for, load_boxes
+from ..evaluate import load_weights
+from ..models import create_variant
+from .erf import effective_receptive_field
+from .maps import importance_maps
+from .metrics import area_over_curve, box_auc, perturbation_curves, pointing_game
+from .spectral import spectral_report
+
+
+def _matplotlib():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def load_model_and_images(args, limit: int, need_targets: bool = True):
+    """Model (with weights), normalised images, targets, image paths, raw PIL sizes and the data config."""
+    root = Path(args.data) / args.split
+    probe = SafeImageFolder(root)
+    torch.manual_seed(args.seed)  # random-init analyses are reproducible too
+    model = create_variant(args.model, img_size=args.img_size, num_classes=len(probe.classes), **args.model_kwargs)
+    if args.checkpoint:
+        load_weights(model, args.checkpoint)
+    model.eval()
+    config = resolve_data_config({"img_size": args.img_size, "crop_pct": args.crop_pct}, model=model)
+    dataset = SafeImageFolder(root, transform=create_transform(**config, is_training=False))
+    count = min(limit, len(dataset))
+    indices = np.linspace(0, len(dataset) - 1, count).round().astype(int).tolist()  # spread over classes
+    items = [(i, dataset[i]) for i in indices]
+    items = [(i, item) for i, item in items if item is not None]
+    if not items:
+        raise ValueError(f"{root}: no readable images")
+    images = torch.stack([item[0] for _, item in items])
+    targets = torch.tensor([item[1] for _, item in items])
+    paths = [dataset.samples[i][0] for i, _ in items]
+    return model, images, targets, paths, config
+
+
+def transform_boxes(boxes: list[list[float]], size: tuple[int, int], config: dict) -> list[list[float]]:
+    """Map boxes from original pixels (w, h) through timm's eval transform (resize shorter side, centre crop)."""
+    w0, h0 = size
+    out_h, out_w = config["input_size"][-2:]
+    crop_pct = config.get("crop_pct") or 1.0
+    scale_short = int(out_h / crop_pct) if out_h == out_w else None
+    if scale_short is None:
+        sx, sy = out_w / crop_pct / w0, out_h / crop_pct / h0
+    else:
+        s = scale_short / min(w0, h0)
+        sx = sy = s
+    new_w, new_h = w0 * sx, h0 * sy
+    left, top = round((new_w - out_w) / 2), round((new_h - out_h) / 2)
+    mapped = []
+    for x0, y0, x1, y1 in boxes:
+        b = [x0 * sx - left, y0 * sy - top, x1 * sx - left, y1 * sy - top]
+        b = [min(max(b[0], 0), out_w), min(max(b[1], 0), out_h), min(max(b[2], 0), out_w), min(max(b[3], 0), out_h)]
+        if b[2] > b[0] and b[3] > b[1]:
+            mapped.append(b)
+    return mapped
+
+
+def _denormalise(images: torch.Tensor, config: dict) -> np.ndarray:
+    mean = torch.tensor(config["mean"]).reshape(1, 3, 1, 1)
+    std = torch.tensor(config["std"]).reshape(1, 3, 1, 1)
+    return (images * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+
+
+def plot_maps(images, maps, boxes, config, path: Path, title: str, max_images: int = 8) -> None:
+    """A grid: each image with its map overlaid and its ground-truth boxes outlined."""
+    plt = _matplotlib()
+    from matplotlib.patches import Rectangle
+
+    n = min(max_images, len(images))
+    rgb = _denormalise(images[:n], config)
+    fig, axes = plt.subplots(2, n, figsize=(2.1 * n, 4.4), squeeze=False)
+    for i in range(n):
+        axes[0, i].imshow(rgb[i])
+        axes[1, i].imshow(rgb[i])
+        axes[1, i].imshow(maps[i].numpy(), cmap="jet", alpha=0.5)
+        for ax in axes[:, i]:
+            for x0, y0, x1, y1 in boxes[i] or []:
+                ax.add_patch(Rectangle((x0 - 0.5, y0 - 0.5), x1 - x0, y1 - y0, fill=False, ec="lime", lw=1.2))
+            ax.axis("off")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_curves(morf: torch.Tensor, lerf: torch.Tensor, path: Path, title: str) -> None:
+    plt = _matplotlib()
+    steps = np.linspace(0, 1, morf.shape[1])
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.plot(steps, morf.mean(0).numpy(), marker="o", label="MoRF (most relevant removed first)")
+    ax.plot(steps, lerf.mean(0).numpy(), marker="s", label="LeRF (least relevant removed first)")
+    ax.set_xlabel("fraction of patches removed")
+    ax.set_ylabel("p(target class)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_explain(args) -> dict:
+    """Maps, MoRF/LeRF, box AUCs and pointing game on a split with boxes; writes metrics.json and PNGs."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, images, targets, paths, config = load_model_and_images(args, args.limit)
+    boxes_src = args.boxes or Path(args.data) / "boxes.json"
+    all_boxes = load_boxes(boxes_src) if Path(boxes_src).exists() else None
+    if args.boxes and all_boxes is None:
+        raise ValueError(f"{args.boxes}: boxes not found")
+    from PIL import Image
+
+    boxes = []
+    for p in paths:
+        raw = boxes_for(p, all_boxes, root=args.data) if all_boxes else None
+        boxes.append(None if raw is None else transform_boxes(raw, Image.open(p).size, config))
+    maps, morfs, lerfs, preds = [], [], [], []
+    patch = model.patch_embed.patch_size
+    for start in range(0, len(images), args.batch_size):
+        x, y = images[start : start + args.batch_size], targets[start : start + args.batch_size]
+        m = importance_maps(model, x, method=args.method, layer=args.layer)
+        maps.append(m)
+        morfs.append(perturbation_curves(model, x, y, m.patch, patch, steps=args.steps, order="morf"))
+        lerfs.append(perturbation_curves(model, x, y, m.patch, patch, steps=args.steps, order="lerf"))
+        with torch.no_grad():
+            preds.append(model(x).argmax(1))
+    image_maps = torch.cat([m.image for m in maps])
+    morf, lerf = torch.cat(morfs), torch.cat(lerfs)
+    with_boxes = [i for i, b in enumerate(boxes) if b]
+    auc = box_auc(image_maps[with_boxes], [boxes[i] for i in with_boxes]) if with_boxes else {}
+    point = pointing_game(image_maps[with_boxes], [boxes[i] for i in with_boxes], args.tolerance) if with_boxes else {}
+    metrics = {
+        "model": args.model, "checkpoint": args.checkpoint, "method": maps[0].method, "layer": args.layer,
+        "images": len(images), "images_with_boxes": len(with_boxes),
+        "accuracy": float((torch.cat(preds) == targets).float().mean() * 100),
+        "morf_aoc": float(area_over_curve(morf).mean()), "lerf_aoc": float(area_over_curve(lerf).mean()),
+        "box_roc_auc": auc.get("box_roc_auc"), "box_pr_auc": auc.get("box_pr_auc"),
+        "pointing_game": point.get("pointing_game"), "tolerance_px": args.tolerance, "steps": args.steps,
+        "morf_curve": morf.mean(0).tolist(), "lerf_curve": lerf.mean(0).tolist(),
+    }  # fmt: skip
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    title = f"{args.model} ({metrics['method']})"
+    plot_curves(morf, lerf, out / "curves.png", title)
+    plot_maps(images, image_maps, boxes, config, out / "maps.png", title)
+    summary = {
+        k: metrics[k] for k in ("morf_aoc", "lerf_aoc", "box_roc_auc", "box_pr_auc", "pointing_game", "accuracy")
+    }
+    print(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
+    print(f"wrote {out}/metrics.json, curves.png, maps.png")
+    return metrics
+
+
+def run_spectral(args) -> dict:
+    model, images, _, _, _ = load_model_and_images(args, args.limit)
+    report = spectral_report(model, images, depth=args.depth)
+    report.update(model=args.model, checkpoint=args.checkpoint)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    for layer in report["layers"]:
+        cos = np.mean(layer["cosine"])
+        radius, gap = np.mean(layer["spectral_radius"]), np.mean(layer["truncation_gap"])
+        name = f"layer {layer['layer']:2d} {layer['mixer']:<22}"
+        print(f"{name} cosine {cos:.4f}  radius {radius:.4f}  truncation gap {gap:.4f}")
+    m = report["mean"]
+    print(
+        f"mean: cosine {m['cosine']:.4f}  radius {m['spectral_radius']:.4f}  truncation gap {m['truncation_gap']:.4f}"
+    )
+    print(f"wrote {args.out}")
+    return report
+
+
+def run_erf(args) -> dict:
+    model, images, _, _, _ = load_model_and_images(args, args.limit)
+    result = effective_receptive_field(model, images)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plt = _matplotlib()
+    fig, ax = plt.subplots(figsize=(4, 4))
+    im = ax.imshow(result["display"].numpy(), cmap="RdYlGn")
+    H, W = result["display"].shape
+    ax.add_patch(_matplotlib().Rectangle((W / 4, H / 4), W / 2, H / 2, fill=False, ec="black", ls="--"))
+    ax.set_title(f"ERF {args.model}\noutside centre: {result['outside_center_share']:.3f}", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(out / "erf.png", dpi=110)
+    plt.close(fig)
+    record = {"model": args.model, "checkpoint": args.checkpoint, "images": len(images),
+              "outside_center_share": result["outside_center_share"]}  # fmt: skip
+    (out / "erf.json").write_text(json.dumps(record, indent=2))
+    print(f"share of gradient mass outside the central quarter: {result['outside_center_share']:.4f}")
+    print(f"wrote {out}/erf.png, erf.json")
+    return record

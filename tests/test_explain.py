@@ -1,0 +1,200 @@
+"""Interpretability tools: metrics on maps with known answers, Perron vectors, map shapes, spectral, ERF, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import timm
+import torch
+import torch.nn as nn
+from reference import left_perron_numpy
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+import linvit  # noqa: F401
+from linvit.cli import main as cli_main
+from linvit.data import build_cluttered_mnist
+from linvit.explain import (
+    area_over_curve,
+    box_auc,
+    box_mask,
+    effective_receptive_field,
+    importance_maps,
+    perturbation_curves,
+    pointing_game,
+    spectral_report,
+)
+from linvit.explain.maps import dense_perron
+from linvit.explain.run import transform_boxes
+
+
+def test_box_auc_perfect_reversed_and_sklearn_agreement():
+    boxes = [[[4, 6, 12, 20]], [[0, 0, 5, 5], [20, 20, 32, 32]]]
+    masks = np.stack([box_mask(b, 32, 32) for b in boxes]).astype(float)
+    perfect = box_auc(masks, boxes)
+    assert perfect["box_roc_auc"] == 1.0 and perfect["box_pr_auc"] == 1.0
+    assert box_auc(1 - masks, boxes)["box_roc_auc"] == 0.0
+    rng = np.random.default_rng(0)
+    maps = rng.random((2, 32, 32))
+    ours = box_auc(maps, boxes)
+    direct_roc = np.mean([roc_auc_score(masks[i].ravel(), maps[i].ravel()) for i in range(2)])
+    direct_pr = np.mean([average_precision_score(masks[i].ravel(), maps[i].ravel()) for i in range(2)])
+    assert ours["box_roc_auc"] == pytest.approx(direct_roc) and ours["box_pr_auc"] == pytest.approx(direct_pr)
+    assert box_auc(np.ones((1, 8, 8)), [[[0, 0, 8, 8]]])["box_images"] == 0  # all-inside: undefined, skipped
+
+
+def test_pointing_game_hits_misses_and_tolerance():
+    m = np.zeros((3, 64, 64))
+    m[0, 10, 10] = 1  # inside
+    m[1, 60, 60] = 1  # far away
+    m[2, 30, 30] = 1  # 10 px from the box edge
+    boxes = [[[5, 5, 20, 20]]] * 3
+    assert pointing_game(m, boxes, tolerance=15)["pointing_hits"] == [True, False, True]
+    assert pointing_game(m, boxes, tolerance=5)["pointing_hits"] == [True, False, False]
+
+
+class TopLeftPatchModel(nn.Module):
+    """Two-class toy whose evidence is the mean of the top-left 8x8 patch."""
+
+    def forward(self, x):
+        s = 20 * x[:, :, :8, :8].mean(dim=(1, 2, 3))
+        return torch.stack([s, -s], dim=1)
+
+
+def test_morf_lerf_on_a_model_with_known_evidence():
+    images = torch.rand(2, 3, 32, 32) * 0.1
+    images[:, :, :8, :8] = 1.0
+    right = torch.zeros(2, 4, 4)
+    right[:, 0, 0] = 1.0
+    targets = torch.zeros(2, dtype=torch.long)
+    kw = dict(patch_size=8, steps=8, fill=torch.zeros(3))
+    morf = perturbation_curves(TopLeftPatchModel(), images, targets, right, order="morf", **kw)
+    lerf = perturbation_curves(TopLeftPatchModel(), images, targets, right, order="lerf", **kw)
+    # MoRF removes the evidence at step 1 (p drops to 0.5); LeRF only at the last step
+    assert area_over_curve(morf).mean().item() == pytest.approx(0.5, abs=1e-3)
+    assert area_over_curve(lerf).mean().item() == pytest.approx(0.5 / 8, abs=1e-3)
+    wrong = perturbation_curves(TopLeftPatchModel(), images, targets, -right, order="morf", **kw)
+    assert area_over_curve(wrong).mean() < area_over_curve(morf).mean()
+    with pytest.raises(ValueError, match="tile"):
+        perturbation_curves(TopLeftPatchModel(), images, targets, torch.zeros(2, 3, 3), 8)
+
+
+def test_dense_perron_matches_numpy():
+    A = torch.rand(1, 1, 20, 20, dtype=torch.float64) ** 3
+    ours = dense_perron(A)[0, 0].numpy()
+    assert np.allclose(ours, left_perron_numpy(A[0, 0].numpy()), atol=1e-8)
+
+
+CASES = [
+    ("linear_infvit_tiny_patch16_224", ["linear", "column", "katz", "perron"]),
+    ("infvit_tiny_patch16_224", ["column", "katz", "perron"]),
+    ("katz_infvit_tiny_patch16_224", ["katz", "perron", "column"]),
+    ("deit_tiny_patch16_224", ["cls", "rollout", "grad"]),
+    ("weightformer_tiny_patch16_224", ["grad"]),
+]
+
+
+@pytest.mark.parametrize("name,methods", CASES)
+def test_maps_have_the_right_shape_and_leave_outputs_unchanged(name, methods):
+    model = timm.create_model(name, num_classes=4, **({} if "weightformer" in name else {"dynamic_img_size": True}))
+    model.eval()
+    images = torch.randn(2, 3, 48, 64)
+    with torch.no_grad():
+        before = model(images)
+    for method in methods:
+        maps = importance_maps(model, images, method=method)
+        assert maps.patch.shape == (2, 3, 4) and maps.image.shape == (2, 48, 64), method
+        assert torch.isfinite(maps.patch).all()
+        if maps.layers is not None:
+            assert maps.layers.shape[0] == 2 and maps.layers.shape[2:] == (3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images), before)
+
+
+def test_per_layer_selection_and_wrong_method():
+    model = timm.create_model("linear_infvit_tiny_patch16_224", num_classes=3).eval()
+    images = torch.randn(1, 3, 32, 32)
+    maps = importance_maps(model, images, method="linear")
+    assert maps.layers.shape == (1, 12, 2, 2)
+    torch.testing.assert_close(importance_maps(model, images, method="linear", layer=-1).patch, maps.layers[:, -1])
+    # the linear importance is a distribution over all tokens (class token included) per head
+    assert (maps.layers >= 0).all()
+    with pytest.raises(ValueError, match="grad"):
+        importance_maps(timm.create_model("weightformer_tiny_patch16_224"), images, method="linear")
+
+
+def test_spectral_report_on_random_weights():
+    model = timm.create_model("linear_infvit_tiny_patch16_224", num_classes=3, depth=2).eval()
+    report = spectral_report(model, torch.randn(2, 3, 64, 64))
+    assert len(report["layers"]) == 2 and len(report["layers"][0]["cosine"]) == 3
+    assert -1 <= report["mean"]["cosine"] <= 1
+    assert 0 < report["mean"]["spectral_radius"] < 1
+    assert 0 <= report["mean"]["truncation_gap"] < 1
+
+
+def test_erf_share_and_static_variant():
+    images = torch.randn(2, 3, 64, 64)
+    dyn = effective_receptive_field(timm.create_model("weightformer_tiny_patch16_224"), images)
+    assert dyn["map"].shape == (64, 64) and 0 <= dyn["outside_center_share"] <= 1
+    assert dyn["display"].max() == pytest.approx(1.0)
+
+
+def test_transform_boxes_through_timm_eval_transform():
+    cfg = {"input_size": (3, 64, 64), "crop_pct": 1.0}
+    assert transform_boxes([[4, 5, 20, 30]], (64, 64), cfg) == [[4, 5, 20, 30]]
+    cfg = {"input_size": (3, 32, 32), "crop_pct": 1.0}
+    assert transform_boxes([[4, 6, 20, 30]], (64, 64), cfg) == [[2, 3, 10, 15]]
+    cfg = {"input_size": (3, 56, 56), "crop_pct": 0.875}  # resize to 64, crop the middle 56: offset 4
+    assert transform_boxes([[0, 0, 64, 10]], (64, 64), cfg) == [[0, 0, 56, 6]]
+
+
+def test_cli_explain_spectral_erf(tmp_path, capsys):
+    data = tmp_path / "data"
+    build_cluttered_mnist(data, canvas=32, per_class_train=1, per_class_val=1, clutter=1, progress=False)
+    common = [
+        "--data",
+        str(data),
+        "--img-size",
+        "32",
+        "--crop-pct",
+        "1.0",
+        "--limit",
+        "6",
+        "--model-kwargs",
+        "patch_size=8",
+    ]
+    out = tmp_path / "explain"
+    assert cli_main(["explain", "--model", "linear_infvit_tiny_patch16_224", *common, "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["images"] == 6 and metrics["images_with_boxes"] == 6 and metrics["method"] == "linear"
+    assert 0 <= metrics["box_roc_auc"] <= 1 and len(metrics["morf_curve"]) == 11
+    assert (out / "maps.png").stat().st_size > 2000 and (out / "curves.png").stat().st_size > 2000
+    # a folder of VOC XML boxes works the same way
+    voc = tmp_path / "voc"
+    voc.mkdir()
+    for rel, boxes in json.loads((data / "boxes.json").read_text()).items():
+        x0, y0, x1, y1 = boxes[0]
+        name = rel.replace("/", "_")
+        (data / rel).rename(data / rel.rsplit("/", 1)[0] / name)
+        (voc / f"{name}.xml").write_text(
+            f"<annotation><filename>{name}</filename><object><bndbox><xmin>{x0 + 1}</xmin><ymin>{y0 + 1}</ymin>"
+            f"<xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object></annotation>"
+        )
+    out2 = tmp_path / "explain_voc"
+    assert (
+        cli_main(
+            ["explain", "--model", "linear_infvit_tiny_patch16_224", *common, "--boxes", str(voc), "--out", str(out2)]
+        )
+        == 0
+    )
+    assert json.loads((out2 / "metrics.json").read_text())["box_roc_auc"] == pytest.approx(metrics["box_roc_auc"])
+    assert (
+        cli_main(["spectral", "--model", "linear_infvit_tiny_patch16_224", *common, "--out", str(tmp_path / "s.json")])
+        == 0
+    )
+    assert "cosine" in capsys.readouterr().out
+    assert cli_main(["erf", "--model", "weightformer_tiny_patch16_224", *common, "--out", str(tmp_path / "erf")]) == 0
+    assert (tmp_path / "erf" / "erf.png").is_file()
+    assert cli_main(["explain", "--model", "weightformer_tiny_patch16_224", *common, "--method", "linear",
+                     "--out", str(tmp_path / "x")]) == 2  # fmt: skip

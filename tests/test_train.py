@@ -1,0 +1,147 @@
+"""The training engine end to end on the embedded dataset: families, resume after SIGKILL, torchrun, eval."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from linvit.cli import main as cli_main
+from linvit.data import build_cluttered_mnist
+
+FAST = ["--img-size", "32", "--aa", "none", "--mixup", "0", "--cutmix", "0", "--reprob", "0", "--smoothing", "0",
+        "--warmup-epochs", "0", "--drop-path", "0", "--workers", "0", "--no-progress", "--crop-pct", "1.0"]  # fmt: skip
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cmnist")
+    build_cluttered_mnist(root, canvas=32, per_class_train=6, per_class_val=2, clutter=1, progress=False)
+    return root
+
+
+def _metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "model,kwargs",
+    [
+        ("linear_infvit_tiny_patch16_224", ["patch_size=8"]),
+        ("infvit_tiny_patch16_224", ["patch_size=8"]),
+        ("katz_infvit_tiny_patch16_224", ["patch_size=8"]),
+        ("weightformer_tiny_patch16_224", ["patch_size=8"]),
+        ("deit_tiny_patch16_224", ["patch_size=8"]),
+    ],
+)
+def test_each_family_trains_and_the_loss_falls(data, tmp_path, model, kwargs):
+    args = ["train", "--data", str(data), "--model", model, "--output", str(tmp_path), "--epochs", "3",
+            "--batch-size", "10", "--lr", "1e-3", *FAST, "--model-kwargs", *kwargs]  # fmt: skip
+    assert cli_main(args) == 0
+    rows = _metrics(tmp_path)
+    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    keys = {"epoch", "train_loss", "val_top1", "val_top5", "lr", "epoch_seconds", "images_per_second"}
+    assert all(keys <= r.keys() for r in rows)
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert (tmp_path / "last.pth").is_file() and (tmp_path / "model.safetensors").is_file()
+    # the saved weights evaluate to the logged validation accuracy
+    assert cli_main(["eval", "--data", str(data), "--model", model, "--checkpoint", str(tmp_path / "model.safetensors"),
+                     "--img-size", "32", "--crop-pct", "1.0", "--workers", "0", "--json", str(tmp_path / "e.json"),
+                     "--model-kwargs", *kwargs]) == 0  # fmt: skip
+    assert json.loads((tmp_path / "e.json").read_text())["top1"] == pytest.approx(rows[-1]["val_top1"])
+
+
+def _train_cmd(data, out, epochs=3, extra=()):
+    return [sys.executable, "-m", "linvit", "train", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224",
+            "--output", str(out), "--epochs", str(epochs), "--batch-size", "4", "--lr", "1e-3", "--deterministic",
+            *FAST, "--aa", "rand-m9-mstd0.5-inc1", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.25",
+            "--model-kwargs", "patch_size=8", "depth=4", *extra]  # fmt: skip
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(data, tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    subprocess.run(_train_cmd(data, full), check=True, env=ENV, capture_output=True)
+    proc = subprocess.Popen(_train_cmd(data, killed), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not ((killed / "metrics.jsonl").exists() and (killed / "metrics.jsonl").read_text().count("\n") >= 1):
+        assert proc.poll() is None and time.time() < deadline, "training ended before it could be killed"
+        time.sleep(0.05)
+    time.sleep(0.5)  # into epoch 1
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(_metrics(killed))
+    assert 1 <= done < 3, f"the kill should land mid-run, {done} epochs were complete"
+    subprocess.run(_train_cmd(data, killed, extra=["--resume", "auto"]), check=True, env=ENV, capture_output=True)
+    a = torch.load(full / "last.pth", weights_only=True)
+    b = torch.load(killed / "last.pth", weights_only=True)
+    assert a["epoch"] == b["epoch"] == 2
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert [r["epoch"] for r in _metrics(killed)] == [0, 1, 2]
+    assert [r["train_loss"] for r in _metrics(killed)] == [r["train_loss"] for r in _metrics(full)]
+
+
+def test_torchrun_two_processes_agree(data, tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", "-m", "linvit",
+           *_train_cmd(data, tmp_path, epochs=1)[3:]]  # fmt: skip
+    result = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ranks = [json.loads((tmp_path / f"final_val_rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["val_top1"] == ranks[1]["val_top1"] and ranks[0]["val_loss"] == ranks[1]["val_loss"]
+    assert json.loads((tmp_path / "config.json").read_text())["world_size"] == 2
+    assert len(_metrics(tmp_path)) == 1
+
+
+def test_corrupt_training_image_is_skipped_and_counted(tmp_path):
+    root = tmp_path / "data"
+    build_cluttered_mnist(root, canvas=32, per_class_train=2, per_class_val=1, clutter=0, progress=False)
+    (root / "train" / "4" / "00001.png").write_bytes(b"\x89PNG broken")
+    out = tmp_path / "run"
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert (
+            cli_main(
+                [
+                    "train",
+                    "--data",
+                    str(root),
+                    "--model",
+                    "linear_infvit_tiny_patch16_224",
+                    "--output",
+                    str(out),
+                    "--epochs",
+                    "1",
+                    "--batch-size",
+                    "4",
+                    *FAST,
+                    "--model-kwargs",
+                    "patch_size=8",
+                    "depth=1",
+                ]
+            )
+            == 0
+        )
+    assert _metrics(out)[0]["skipped_images"] == 1
+
+
+def test_bad_runs_stop_with_one_line_errors(data, tmp_path, capsys):
+    assert cli_main(["train", "--data", str(tmp_path / "none"), "--model", "deit_tiny_patch16_224",
+                     "--output", str(tmp_path / "o"), *FAST]) == 2  # fmt: skip
+    assert "not found" in capsys.readouterr().err
+    small = tmp_path / "three"
+    for cls in "abc":
+        (small / "val" / cls).mkdir(parents=True)
+        (small / "val" / cls / "x.png").write_bytes((data / "val" / "1" / "00002.png").read_bytes())
+    ckpt = tmp_path / "ten.pth"
+    import timm
+
+    torch.save(timm.create_model("linear_infvit_tiny_patch16_224", num_classes=10, patch_size=8).state_dict(), ckpt)
+    assert cli_main(["eval", "--data", str(small), "--model", "linear_infvit_tiny_patch16_224", "--checkpoint", str(ckpt),
+                     "--img-size", "32", "--workers", "0", "--model-kwargs", "patch_size=8"]) == 2  # fmt: skip
+    assert "10 classes" in capsys.readouterr().err
