@@ -9,7 +9,6 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
-from reference import left_perron_numpy
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 import linvit  # noqa: F401
@@ -27,6 +26,7 @@ from linvit.explain import (
 )
 from linvit.explain.maps import dense_perron
 from linvit.explain.run import transform_boxes
+from reference import left_perron_numpy
 
 
 def test_box_auc_perfect_reversed_and_sklearn_agreement():

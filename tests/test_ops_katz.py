@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import rel_err
 from hypothesis import given
 from hypothesis import strategies as st
-from reference import _katz_a_hat, katz_centrality_dense_ref, katz_dense_ref, left_perron_numpy
 
+from conftest import rel_err
 from linvit.ops import katz_centrality, katz_infsa, perron_vector
+from reference import _katz_a_hat, katz_centrality_dense_ref, katz_dense_ref, left_perron_numpy
 
 shapes = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 48), st.integers(1, 16))
 

@@ -142,6 +142,7 @@ def test_bad_runs_stop_with_one_line_errors(data, tmp_path, capsys):
     import timm
 
     torch.save(timm.create_model("linear_infvit_tiny_patch16_224", num_classes=10, patch_size=8).state_dict(), ckpt)
-    assert cli_main(["eval", "--data", str(small), "--model", "linear_infvit_tiny_patch16_224", "--checkpoint", str(ckpt),
-                     "--img-size", "32", "--workers", "0", "--model-kwargs", "patch_size=8"]) == 2  # fmt: skip
+    args = ["eval", "--data", str(small), "--model", "linear_infvit_tiny_patch16_224", "--checkpoint", str(ckpt),
+            "--img-size", "32", "--workers", "0", "--model-kwargs", "patch_size=8"]  # fmt: skip
+    assert cli_main(args) == 2
     assert "10 classes" in capsys.readouterr().err
