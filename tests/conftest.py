@@ -22,3 +22,16 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     denom = b.abs().max().item()
     return (a - b).abs().max().item() / denom if denom > 0 else (a - b).abs().max().item()
+
+
+def assert_checkpointing_keeps_gradients(model: torch.nn.Module, x: torch.Tensor) -> None:
+    """Gradients with set_grad_checkpointing(True) equal those without."""
+    model.train()
+    model(x).sum().backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).sum().backward()
+    for a, b in zip(ref, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    model.set_grad_checkpointing(False)

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 import linvit
+from conftest import assert_checkpointing_keeps_gradients
 from linvit.layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 
 INFVIT_MODELS = [
@@ -92,15 +93,7 @@ def test_features_only_and_forward_intermediates():
 
 def test_grad_checkpointing_gives_same_gradients():
     model = timm.create_model("infvit_tiny_patch16_224", num_classes=3)
-    x = torch.randn(2, 3, 64, 64)
-    model(x).sum().backward()
-    ref = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    model.set_grad_checkpointing(True)
-    model.train()
-    model(x).sum().backward()
-    for a, b in zip(ref, (p.grad for p in model.parameters()), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert_checkpointing_keeps_gradients(model, torch.randn(2, 3, 64, 64))
 
 
 def test_no_weight_decay_lists_discounts_and_classifier_reset():

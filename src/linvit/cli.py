@@ -135,40 +135,22 @@ def _cmd_data(args: argparse.Namespace) -> None:
     print(f"wrote {meta['images']['train']} train and {meta['images']['val']} val images, boxes.json to {args.out}")
 
 
-def _cmd_train(args: argparse.Namespace) -> None:
-    from linvit.train import run_train
+def _runner(module: str, function: str, prepare=None):
+    """A subcommand that parses --model-kwargs and calls linvit.<module>.<function>(args), imported lazily."""
 
-    args.model_kwargs = _parse_kwargs(args.model_kwargs)
-    run_train(args)
+    def run(args: argparse.Namespace) -> None:
+        import importlib
+
+        args.model_kwargs = _parse_kwargs(args.model_kwargs)
+        if prepare is not None:
+            prepare(args)
+        getattr(importlib.import_module(f"linvit.{module}"), function)(args)
+
+    return run
 
 
-def _cmd_eval(args: argparse.Namespace) -> None:
-    from linvit.evaluate import run_eval
-
-    args.model_kwargs = _parse_kwargs(args.model_kwargs)
-    run_eval(args)
-
-
-def _cmd_explain(args: argparse.Namespace) -> None:
-    from linvit.explain.run import run_explain
-
-    args.model_kwargs = _parse_kwargs(args.model_kwargs)
+def _layer_arg(args: argparse.Namespace) -> None:
     args.layer = args.layer if args.layer == "mean" else int(args.layer)
-    run_explain(args)
-
-
-def _cmd_spectral(args: argparse.Namespace) -> None:
-    from linvit.explain.run import run_spectral
-
-    args.model_kwargs = _parse_kwargs(args.model_kwargs)
-    run_spectral(args)
-
-
-def _cmd_erf(args: argparse.Namespace) -> None:
-    from linvit.explain.run import run_erf
-
-    args.model_kwargs = _parse_kwargs(args.model_kwargs)
-    run_erf(args)
 
 
 def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
@@ -274,14 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train with the DeiT recipe (torchrun for DDP)")
     _add_train_args(p)
-    p.set_defaults(func=_cmd_train)
+    p.set_defaults(func=_runner("train", "run_train"))
 
     p = sub.add_parser("eval", help="top-1 / top-5 / loss of a checkpoint on a split")
     _add_common_data_args(p)
     p.add_argument("--split", default="val")
     p.add_argument("--checkpoint", default=None, help=".pth (ours or official WeightFormer) or .safetensors")
     p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
-    p.set_defaults(func=_cmd_eval)
+    p.set_defaults(func=_runner("evaluate", "run_eval"))
 
     p = sub.add_parser("explain", help="importance maps, MoRF/LeRF, box ROC/PR-AUC, pointing game")
     _add_analysis_args(p, limit=64)
@@ -292,18 +274,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=15.0, help="pointing-game tolerance in pixels")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", required=True)
-    p.set_defaults(func=_cmd_explain)
+    p.set_defaults(func=_runner("explain.run", "run_explain", _layer_arg))
 
     p = sub.add_parser("spectral", help="Linear-InfSA importance vs the Perron vector, spectral radius, truncation gap")
     _add_analysis_args(p, limit=8)
     p.add_argument("--depth", type=int, default=None, help="series truncation depth (default: number of InfSA layers)")
     p.add_argument("--out", required=True, help="JSON file")
-    p.set_defaults(func=_cmd_spectral)
+    p.set_defaults(func=_runner("explain.run", "run_spectral"))
 
     p = sub.add_parser("erf", help="effective receptive field heat map (RepLKNet protocol)")
     _add_analysis_args(p, limit=16)
     p.add_argument("--out", required=True, help="output folder")
-    p.set_defaults(func=_cmd_erf)
+    p.set_defaults(func=_runner("explain.run", "run_erf"))
     return parser
 
 

@@ -9,12 +9,12 @@ so forward_intermediates, features_only, grad checkpointing and checkpoint filte
 from __future__ import annotations
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Attention
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from ._cfg import model_cfg
 from ._input import CheckedPatchEmbed
 
 MIXERS = {
@@ -134,21 +134,7 @@ class _Chunks:
 
 
 def _cfg(**kwargs) -> dict:
-    return {
-        "url": "",
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": None,
-        "crop_pct": 0.9,
-        "interpolation": "bicubic",
-        "fixed_input_size": False,
-        "mean": IMAGENET_DEFAULT_MEAN,
-        "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "patch_embed.proj",
-        "classifier": "head",
-        "license": "mit",
-        **kwargs,
-    }
+    return model_cfg(paper_ids="arXiv:2603.00175", **kwargs)
 
 
 SHAPES = {

@@ -12,13 +12,13 @@ from functools import partial
 
 import torch
 import torch.nn as nn
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DynamicDWConv, DynamicLinear
+from ._cfg import model_cfg
 from ._input import CheckedPatchEmbed
 
 LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)  # the release's LayerNorm
@@ -287,22 +287,8 @@ def load_checkpoint(model: WeightFormer, path: str, strict: bool = True) -> Weig
 
 
 def _cfg(**kwargs) -> dict:
-    return {
-        "url": "",
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": None,
-        "crop_pct": 0.875,
-        "interpolation": "bicubic",
-        "fixed_input_size": False,
-        "mean": IMAGENET_DEFAULT_MEAN,
-        "std": IMAGENET_DEFAULT_STD,
-        "first_conv": "patch_embed.proj",
-        "classifier": "head",
-        "license": "mit",
-        "paper_ids": "arXiv:2605.01711",
-        **kwargs,
-    }
+    """Released WeightFormer evaluation: resize 256 / crop 224 (crop_pct 0.875)."""
+    return model_cfg(crop_pct=0.875, paper_ids="arXiv:2605.01711", **kwargs)
 
 
 default_cfgs = generate_default_cfgs(
