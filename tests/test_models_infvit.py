@@ -153,14 +153,16 @@ def test_fixed_size_model_names_the_fix_and_nan_check_is_opt_in():
 def test_token_chunked_inference_equals_full(name, chunk):
     kwargs = dict(depth=2) if name.startswith("vit_4l") else {}
     model = timm.create_model(name, num_classes=5, **kwargs).eval()
-    x = torch.randn(2, 3, 80, 48)
-    with torch.no_grad():
-        full = model(x)
-        model.set_token_chunk(chunk)
-        chunked = model(x)
-        feats = model.forward_features(x)
-    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
-    assert feats.shape == (2, 1 + 15, model.embed_dim)
+    for size in ((80, 48), (256, 352)):  # position embeddings resampled down and up
+        x = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            model.set_token_chunk(None)
+            full = model(x)
+            model.set_token_chunk(chunk)
+            chunked = model(x)
+            feats = model.forward_features(x)
+        torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
+        assert feats.shape == (2, 1 + (size[0] // 16) * (size[1] // 16), model.embed_dim)
 
 
 def test_token_chunk_is_inference_only():

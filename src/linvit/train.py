@@ -92,6 +92,9 @@ def build_datasets(args, model: nn.Module) -> tuple[SafeImageFolder, SafeImageFo
     train_tf = create_transform(
         **config,
         is_training=True,
+        scale=tuple(args.scale),
+        ratio=tuple(args.ratio),
+        hflip=args.hflip,
         auto_augment=None if args.aa in (None, "none", "") else args.aa,
         color_jitter=args.color_jitter,
         re_prob=args.reprob,

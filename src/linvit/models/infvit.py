@@ -76,29 +76,46 @@ class InfViT(VisionTransformer):
             return super().forward_features(x, attn_mask=attn_mask, is_causal=is_causal)
         return self._forward_features_chunked(x, self.token_chunk)
 
-    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.token_chunk or torch.is_grad_enabled():
-            return super()._pos_embed(x)
-        # inference: add the (resampled) position embedding in place instead of allocating x + pos
-        B, H, W, C = x.shape if self.dynamic_img_size else (x.shape[0], None, None, x.shape[-1])
-        x = x.reshape(B, -1, C)
-        pos = self.pos_embed
-        if self.dynamic_img_size:
-            from timm.layers import resample_abs_pos_embed
+    def _embed_chunked(self, images: torch.Tensor, chunk: int) -> torch.Tensor:
+        """Patch embedding + position embedding with at most ~2 token-sized tensors alive.
 
-            pos = resample_abs_pos_embed(
-                pos, (H, W), self.patch_embed.grid_size, num_prefix_tokens=self.num_prefix_tokens
-            )
+        The tokens are written straight into the (prefix + N, C) buffer, and the resampled position
+        embedding is added in bands of rows: the bicubic resampling is separable, so each band is
+        interpolated along W from a small (H, grid_w) intermediate instead of materialising N x C.
+        """
+        tokens = self.patch_embed(images)  # NHWC view of the conv output (dynamic size) or NLC
+        B, C = tokens.shape[0], tokens.shape[-1]
+        H, W = tokens.shape[1:3] if tokens.dim() == 4 else self.patch_embed.grid_size
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
-        x = torch.cat([*prefix, x], dim=1) if prefix else x.contiguous()
-        x.add_(pos)
-        del pos
-        return self.pos_drop(x)
+        P = sum(t.shape[1] for t in prefix)
+        x = torch.empty(B, P + H * W, C, dtype=tokens.dtype, device=tokens.device)
+        if prefix:
+            x[:, :P] = torch.cat(prefix, dim=1)
+        x[:, P:].view(B, H, W, C).copy_(tokens.reshape(B, H, W, C))
+        del tokens
+        pos = self.pos_embed
+        if pos is None:
+            return x
+        pos_prefix = 0 if self.no_embed_class else P
+        if pos_prefix:
+            x[:, :P] += pos[:, :P]
+        gh, gw = self.patch_embed.grid_size
+        grid = pos[:, pos_prefix:].reshape(1, gh, gw, C).permute(0, 3, 1, 2).float()
+        resize = dict(mode="bicubic", align_corners=False, antialias=True)  # as timm's resample_abs_pos_embed
+        cols = torch.nn.functional.interpolate(grid, size=(H, gw), **resize) if (H, W) != (gh, gw) else grid
+        rows = max(1, chunk // W)
+        for r0 in range(0, H, rows):
+            r1 = min(H, r0 + rows)
+            band = cols[:, :, r0:r1]
+            if (H, W) != (gh, gw):
+                band = torch.nn.functional.interpolate(band, size=(r1 - r0, W), **resize)
+            x[:, P + r0 * W : P + r1 * W] += band.permute(0, 2, 3, 1).reshape(1, -1, C).to(x.dtype)
+        return x
 
     @torch.no_grad()
     def _forward_features_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
         """Inference with token-wise work in chunks and the residual stream updated in place."""
-        x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
+        x = self.norm_pre(self.patch_drop(self.pos_drop(self._embed_chunked(x, chunk))))
         N = x.shape[1]
         spans = [(s, min(s + chunk, N)) for s in range(0, N, chunk)]
         for blk in self.blocks:
