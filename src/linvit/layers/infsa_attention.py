@@ -142,8 +142,8 @@ class LinearInfSAAttention(_InfSABase):
 
     def importance(self, x: torch.Tensor) -> torch.Tensor:
         """Token importance a of shape (B, H, N) for the (already normalised) block input x."""
+        q_key = self._soft_query_key([x])
         with no_autocast(x):
-            q_key = self._soft_query_key([x])
             logits = self._key_logits(x.to(q_key.dtype), q_key)
             return l1_normalize(torch.relu(logits), self.eps)
 
@@ -192,8 +192,8 @@ class LinearInfSAAttention(_InfSABase):
         _, _, w_v, _, _, b_v = self._qkv_slices()
         first = next(iter(chunks))
         B, _, C = first.shape
+        q_key = self._soft_query_key(chunks)  # the Q projection itself may run under autocast
         with no_autocast(first):
-            q_key = self._soft_query_key(chunks)
             acc = q_key.dtype
             total = mass = pooled_x = None
             for xc in chunks:
