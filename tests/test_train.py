@@ -89,7 +89,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(data, tmp_path):
 
 
 def test_torchrun_two_processes_agree(data, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517", "-m", "linvit",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "linvit",
            *_train_cmd(data, tmp_path, epochs=1)[3:]]  # fmt: skip
     result = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
