@@ -198,3 +198,18 @@ def test_cli_explain_spectral_erf(tmp_path, capsys):
     assert (tmp_path / "erf" / "erf.png").is_file()
     assert cli_main(["explain", "--model", "weightformer_tiny_patch16_224", *common, "--method", "linear",
                      "--out", str(tmp_path / "x")]) == 2  # fmt: skip
+
+
+def test_spectral_radius_is_the_perron_root():
+    from linvit.layers import LinearInfSAAttention
+
+    model = timm.create_model("linear_infvit_tiny_patch16_224", num_classes=3, depth=1).eval()
+    images = torch.randn(1, 3, 32, 32)
+    report = spectral_report(model, images)
+    mixer = next(m for m in model.modules() if isinstance(m, LinearInfSAAttention))
+    from linvit.explain.maps import _capture_inputs, infsa_operator
+
+    (x,), _ = _capture_inputs(model, [mixer], images)
+    A = infsa_operator(mixer, x)[0]
+    expected = (mixer.gamma.double() * torch.linalg.eigvals(A).abs().amax(-1)).tolist()
+    assert report["layers"][0]["spectral_radius"] == pytest.approx(expected, rel=1e-6)

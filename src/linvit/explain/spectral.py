@@ -3,7 +3,7 @@
 For every InfSA layer and head, on given images, from the layer's own q and k:
 - cosine between Linear-InfSA's importance vector a (one power-iteration step from the soft query)
   and the left Perron vector of the full A^ = ReLU(q k^T / d) / (||.||_F + eps) (power iteration, float64);
-- the spectral radius of gamma * A^ (below 1 guarantees the Neumann series converges);
+- the spectral radius of gamma * A^ (below 1 guarantees the Neumann series converges), from the Perron root;
 - the relative gap ||S_L - K||_F / ||K||_F between the depth-L truncated series S_L = sum_{t=1..L} (gamma A^)^t
   (what L stacked one-hop layers can express for a fixed A^) and the exact Katz kernel K = (I - gamma A^)^{-1} - I.
 """
@@ -40,7 +40,9 @@ def spectral_report(model: nn.Module, images: torch.Tensor, depth: int | None = 
         cosine = F.cosine_similarity(importance, perron, dim=-1)  # (B, H)
         gamma = mixer.gamma.double().reshape(1, -1, 1, 1)
         GA = gamma * A
-        radius = torch.linalg.eigvals(GA).abs().amax(-1)
+        # A^ >= 0, so its spectral radius is its Perron root: v^T A^ = rho v^T with sum(v) = 1 gives
+        # rho = sum(v^T A^); robust where eigvals fails on (near-)singular score matrices
+        radius = gamma[..., 0, 0] * (perron[..., None, :] @ A)[..., 0, :].sum(-1)
         eye = torch.eye(A.shape[-1], dtype=A.dtype)
         kernel = torch.linalg.inv(eye - GA) - eye
         series, power = torch.zeros_like(GA), eye.expand_as(GA)
