@@ -26,8 +26,8 @@ SUITES: dict[str, dict] = {
         reference=["vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
     ),
     # largest resolution per model: doubling from 2048 (family4l covers below) until a point fails,
-    # i.e. needs more than 20 GB or more than 120 s for one image (no warm-up; see "highres" beyond that)
-    "ladder4l": dict(models=FOUR_LAYER, res=[2048], ladder=True, iters=1, warmup=0, mem_limit=20.0, timeout=120),
+    # i.e. needs more than 20 GB or more than 90 s for one image (no warm-up; see "highres" beyond that)
+    "ladder4l": dict(models=FOUR_LAYER, res=[2048], ladder=True, iters=1, warmup=0, mem_limit=20.0, timeout=90),
     # WeightFormer-T against DeiT-T (timm's fused attention)
     "weightformer": dict(
         models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"], res=[224, 512, 1024, 1248], iters=5,
