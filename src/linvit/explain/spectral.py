@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..layers import KatzInfSAAttention
 from ..ops import linear_infsa_importance
-from .maps import INFSA, _capture_inputs, _mixers, _qk, dense_perron
+from .maps import _capture_inputs, _mixers, _qk, dense_perron
 
 
 @torch.no_grad()
@@ -67,4 +67,4 @@ def spectral_report(model: nn.Module, images: torch.Tensor, depth: int | None = 
             "note": note if any(isinstance(m, KatzInfSAAttention) for m in mixers) else None}  # fmt: skip
 
 
-__all__ = ["spectral_report", "INFSA"]
+__all__ = ["spectral_report"]
