@@ -85,6 +85,48 @@ def find_resume(output: Path, resume: str | None) -> Path | None:
     return path
 
 
+def resume_run(output: Path, resume: str | None, model, optimizer, scheduler, ema, scaler, rank: int):
+    """Restore everything from a checkpoint (if --resume finds one); returns (start epoch, history).
+
+    metrics.jsonl is rewritten from the checkpoint's history, so the log never holds an epoch the
+    checkpoint does not (an epoch interrupted after its log line but before its checkpoint).
+    """
+    path = find_resume(output, resume)
+    if path is None:
+        return 0, []
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    check_num_classes(model, ckpt["model"], path)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    if ema is not None and ckpt.get("ema") is not None:
+        ema.load_state_dict(ckpt["ema"])
+    if scaler is not None and ckpt.get("scaler") is not None:
+        scaler.load_state_dict(ckpt["scaler"])
+    set_rng_states(ckpt["rng"][min(rank, len(ckpt["rng"]) - 1)] if isinstance(ckpt["rng"], list) else ckpt["rng"])
+    history = list(ckpt.get("history", []))
+    if rank == 0:
+        atomic_write_text("".join(json.dumps(h) + "\n" for h in history), output / METRICS)
+        print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
+    return ckpt["epoch"] + 1, history
+
+
+def training_state(model, optimizer, scheduler, ema, scaler, epoch: int, rngs: list, history: list, args) -> dict:
+    return {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "ema": ema.state_dict() if ema is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "epoch": epoch, "rng": rngs, "history": history, "args": {k: str(v) for k, v in vars(args).items()},
+    }  # fmt: skip
+
+
+def save_epoch(output: Path, state: dict, record: dict) -> None:
+    """Checkpoint first, then the log line it vouches for."""
+    atomic_save(state, output / CHECKPOINT)
+    with open(output / METRICS, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def build_datasets(args, model: nn.Module) -> tuple[SafeImageFolder, SafeImageFolder, dict]:
     config = resolve_data_config(
         {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation}, model=model
@@ -106,6 +148,23 @@ def build_datasets(args, model: nn.Module) -> tuple[SafeImageFolder, SafeImageFo
     if train.classes != val.classes:
         raise ValueError(f"train and val classes differ: {len(train.classes)} vs {len(val.classes)} class folders")
     return train, val, config
+
+
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, scaler, clip_grad: float | None) -> None:
+    """Backward (scaled for fp16), optional gradient clipping, one optimizer step."""
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    if clip_grad:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
 
 
 def train_one_epoch(model, loader, optimizer, scheduler, criterion, mixup, ema, scaler, epoch, args, device, rank):
@@ -131,19 +190,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, mixup, ema, 
             loss = criterion(model(images).float(), targets)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} step {step}; stopping")
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-        else:
-            loss.backward()
-        if args.clip_grad:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
+        optimizer_step(loss, model, optimizer, scaler, args.clip_grad)
         scheduler.step_update(num_updates=epoch * updates + step + 1)
         if ema is not None:
             ema.update(
@@ -211,25 +258,7 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema else None
     scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
 
-    history: list[dict] = []
-    start_epoch = 0
-    resume = find_resume(output, args.resume)
-    if resume is not None:
-        ckpt = torch.load(resume, map_location="cpu", weights_only=True)
-        check_num_classes(model, ckpt["model"], resume)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        if ema is not None and ckpt.get("ema") is not None:
-            ema.load_state_dict(ckpt["ema"])
-        if scaler is not None and ckpt.get("scaler") is not None:
-            scaler.load_state_dict(ckpt["scaler"])
-        set_rng_states(ckpt["rng"][min(rank, len(ckpt["rng"]) - 1)] if isinstance(ckpt["rng"], list) else ckpt["rng"])
-        start_epoch = ckpt["epoch"] + 1
-        history = list(ckpt.get("history", []))
-        if rank == 0:  # metrics.jsonl mirrors the checkpoint: nothing of the unfinished epoch survives
-            atomic_write_text("".join(json.dumps(h) + "\n" for h in history), output / METRICS)
-            print(f"resumed from {resume} at epoch {start_epoch}")
+    start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, ema, scaler, rank)
     ddp_model = (
         DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         if world > 1
@@ -259,17 +288,10 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
             ema_val = evaluate(ema.module, val_loader, device, args.amp)
             record.update(val_top1_ema=ema_val["top1"], val_top5_ema=ema_val["top5"])
         history.append(record)
-        rngs = _gather_rng(world)
+        rngs = gather_rng(world)
         if rank == 0:
-            state = {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "ema": ema.state_dict() if ema is not None else None,
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "epoch": epoch, "rng": rngs, "history": history, "args": {k: str(v) for k, v in vars(args).items()},
-            }  # fmt: skip
-            atomic_save(state, output / CHECKPOINT)  # checkpoint first, then the log line it vouches for
-            with open(output / METRICS, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            save_epoch(output, training_state(model, optimizer, scheduler, ema, scaler, epoch, rngs, history, args),
+                       record)  # fmt: skip
             if skipped:
                 print(f"epoch {epoch}: skipped {skipped} unreadable images")
             print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
@@ -283,7 +305,7 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     return history
 
 
-def _gather_rng(world: int) -> list[dict]:
+def gather_rng(world: int) -> list[dict]:
     """Every rank's RNG states (rank order) for the checkpoint; a single process has one entry."""
     states = rng_states()
     if world == 1:
