@@ -69,6 +69,29 @@ def markdown_table(records: list[dict], references: list[str] | None = None) -> 
     return "\n".join(lines)
 
 
+def plot_lines(axes, records: list[dict]) -> None:
+    """Latency (axes[0]) and, when given, peak memory (axes[1]) against tokens, log-log, one line per model."""
+    from matplotlib.ticker import NullFormatter
+
+    for model, slope in exponents(records).items():
+        ok = sorted((r for r in records if r["model"] == model and r["status"] == "ok"), key=lambda r: r["tokens"])
+        if not ok:
+            continue
+        label = model if slope is None else f"{model} (slope {slope:.2f})"
+        tokens = [r["tokens"] for r in ok]
+        axes[0].plot(tokens, [r["latency_ms"] for r in ok], marker="o", label=label)
+        if len(axes) > 1:
+            axes[1].plot(tokens, [max(r["peak_mem_mb"], 1e-3) for r in ok], marker="o", label=model)
+    for ax, ylabel in zip(axes, ("latency per batch (ms)", "peak memory above idle (MB)"), strict=False):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels of a log axis overlap
+        ax.set_xlabel("tokens")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+
+
 def plot_scaling(records: list[dict], path: Path) -> None:
     """Latency and peak memory against tokens, log-log, one line per model."""
     import matplotlib
@@ -77,21 +100,7 @@ def plot_scaling(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for model, slope in exponents(records).items():
-        ok = sorted((r for r in records if r["model"] == model and r["status"] == "ok"), key=lambda r: r["tokens"])
-        if not ok:
-            continue
-        label = model if slope is None else f"{model} (slope {slope:.2f})"
-        tokens = [r["tokens"] for r in ok]
-        axes[0].plot(tokens, [r["latency_ms"] for r in ok], marker="o", label=label)
-        axes[1].plot(tokens, [max(r["peak_mem_mb"], 1e-3) for r in ok], marker="o", label=model)
-    for ax, ylabel in zip(axes, ("latency per batch (ms)", "peak memory above idle (MB)"), strict=True):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7)
+    plot_lines(axes, records)
     first = records[0] if records else {}
     fig.suptitle(
         f"linvit bench: {first.get('mode')} on {first.get('device')}, {first.get('dtype')}, batch {first.get('batch')}"

@@ -100,6 +100,18 @@ def plot_maps(images, maps, boxes, config, path: Path, title: str, max_images: i
     plt.close(fig)
 
 
+def save_examples(images, maps, boxes, config, path: Path, count: int = 8) -> None:
+    """The first images (uint8 RGB), their maps and boxes (NaN-padded) for figures made later."""
+    n = min(count, len(images))
+    most = max([len(b or []) for b in boxes[:n]] + [1])
+    padded = np.full((n, most, 4), np.nan, dtype=np.float32)
+    for i, b in enumerate(boxes[:n]):
+        if b:
+            padded[i, : len(b)] = b
+    rgb = (_denormalise(images[:n], config) * 255).round().astype(np.uint8)
+    np.savez_compressed(path, images=rgb, maps=maps[:n].numpy().astype(np.float32), boxes=padded)
+
+
 def plot_curves(morf: torch.Tensor, lerf: torch.Tensor, path: Path, title: str) -> None:
     plt = _matplotlib()
     steps = np.linspace(0, 1, morf.shape[1])
@@ -159,11 +171,12 @@ def run_explain(args) -> dict:
     title = f"{args.model} ({metrics['method']})"
     plot_curves(morf, lerf, out / "curves.png", title)
     plot_maps(images, image_maps, boxes, config, out / "maps.png", title)
+    save_examples(images, image_maps, boxes, config, out / "maps.npz")
     summary = {
         k: metrics[k] for k in ("morf_aoc", "lerf_aoc", "box_roc_auc", "box_pr_auc", "pointing_game", "accuracy")
     }
     print(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
-    print(f"wrote {out}/metrics.json, curves.png, maps.png")
+    print(f"wrote {out}/metrics.json, curves.png, maps.png, maps.npz")
     return metrics
 
 
@@ -204,6 +217,7 @@ def run_erf(args) -> dict:
     record = {"model": args.model, "checkpoint": args.checkpoint, "images": len(images),
               "outside_center_share": result["outside_center_share"]}  # fmt: skip
     (out / "erf.json").write_text(json.dumps(record, indent=2))
+    np.save(out / "erf.npy", result["display"].numpy().astype(np.float32))
     print(f"share of gradient mass outside the central quarter: {result['outside_center_share']:.4f}")
-    print(f"wrote {out}/erf.png, erf.json")
+    print(f"wrote {out}/erf.png, erf.json, erf.npy")
     return record

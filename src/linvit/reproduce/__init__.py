@@ -1,0 +1,38 @@
+"""`linvit reproduce`: data -> training of every family -> evaluation -> maps, spectra, ERFs -> benchmarks -> report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .plan import FAMILIES, RECIPES, Recipe, Stage, build_plan
+from .report import write_report
+from .stages import run_stages
+
+__all__ = ["run_reproduce", "build_plan", "run_stages", "write_report", "FAMILIES", "RECIPES", "Recipe", "Stage"]
+
+
+def _execute(argv: list[str]) -> None:
+    """Run one `linvit` command line in this process (errors propagate: the stage is not marked done)."""
+    from ..cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+def run_reproduce(args, recipe: Recipe | None = None) -> dict:
+    """Run (or continue) every stage into args.out, then write the report; ``recipe`` overrides the mode's."""
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda requested but torch sees no CUDA device")
+    mode = "quick" if args.quick else "full"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    recipe = recipe or RECIPES[mode]
+    stages = build_plan(str(out), mode, args.device, recipe)
+    timings = run_stages(out, stages, _execute)
+    report = write_report(out, stages, timings, mode, args.device, recipe)
+    print(f"wrote {out}/report.md, report.json, commands.sh, scaling.png, maps.png, curves.png, erf.png "
+          f"({report['seconds_this_run'] / 60:.1f} min this run)")  # fmt: skip
+    return report

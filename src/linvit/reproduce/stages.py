@@ -1,0 +1,136 @@
+"""Run a plan's stages in order, reusing the ones an earlier run finished, with a progress bar and time left.
+
+A stage is reused when its marker (OUT/.stages/<name>.json) says "done" for the very same command and
+every output it must leave exists and parses. A stage that was started with another command (say
+--quick, then the full recipe into the same OUT) is cleared first; an interrupted training stage
+keeps its last.pth and resumes from it (`linvit train --resume auto`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .plan import Stage
+
+MARKERS = ".stages"
+TARGET_FLAGS = ("--output", "--out", "--json")
+
+
+def command(stage: Stage) -> str:
+    return "linvit " + shlex.join(stage.argv)
+
+
+def _marker(out: Path, stage: Stage) -> Path:
+    return out / MARKERS / (stage.name.replace("/", "__") + ".json")
+
+
+def output_ok(path: Path) -> bool:
+    """The file exists and reads back as what its suffix promises."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    try:
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        elif path.suffix == ".jsonl":
+            [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        elif path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt") as f:
+                f.keys()
+        elif path.suffix in (".npy", ".npz"):
+            import numpy as np
+
+            np.load(path)
+    except Exception:  # noqa: BLE001 - any unreadable output means: run the stage again
+        return False
+    return True
+
+
+def finished(out: Path, stage: Stage) -> bool:
+    marker = _marker(out, stage)
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return (
+        record.get("status") == "done"
+        and record.get("argv") == stage.argv
+        and all(output_ok(out / o) for o in stage.outputs)
+    )
+
+
+def target(stage: Stage) -> Path | None:
+    """The file or folder a stage writes (the value of its --output/--out/--json flag)."""
+    for flag in TARGET_FLAGS:
+        if flag in stage.argv:
+            return Path(stage.argv[stage.argv.index(flag) + 1])
+    return None
+
+
+def _write_marker(out: Path, stage: Stage, **fields) -> None:
+    marker = _marker(out, stage)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"name": stage.name, "argv": stage.argv, "command": command(stage), **fields}))
+
+
+def _prepare(out: Path, stage: Stage) -> None:
+    """Clear what an earlier, different command left behind; keep a same-command partial run (resume)."""
+    try:
+        previous = json.loads(_marker(out, stage).read_text())
+    except (OSError, json.JSONDecodeError):
+        previous = None
+    path = target(stage)
+    if previous is not None and previous.get("argv") != stage.argv and path is not None and path.exists():
+        tqdm.write(f"{stage.name}: settings changed since the last run, starting this stage over")
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _fmt_seconds(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
+    """Run (or reuse) every stage via execute(argv); returns {name: {"seconds", "reused", "command"}}."""
+    timings: dict[str, dict] = {}
+    todo = [s for s in stages if not finished(out, s)]
+    est_done = spent = 0.0
+    remaining_est = sum(s.est_s for s in todo)
+    bar = tqdm(total=len(stages), unit="stage", dynamic_ncols=True,
+               bar_format="reproduce {n_fmt}/{total_fmt} stages |{bar:24}| {elapsed} elapsed{postfix}")  # fmt: skip
+    try:
+        for stage in stages:
+            if stage not in todo:
+                record = json.loads(_marker(out, stage).read_text())
+                timings[stage.name] = {"seconds": record.get("seconds"), "reused": True, "command": command(stage)}
+                tqdm.write(f"reusing {stage.name} (finished earlier, outputs checked)")
+                bar.update(1)
+                continue
+            pace = spent / est_done if est_done > 0 else 1.0  # this machine's speed relative to the estimates
+            bar.set_postfix_str(f"about {_fmt_seconds(remaining_est * pace)} left; now {stage.name}")
+            tqdm.write(f"== {stage.name}: {command(stage)}")
+            _prepare(out, stage)
+            _write_marker(out, stage, status="running")
+            start = time.perf_counter()
+            execute(stage.argv)
+            seconds = time.perf_counter() - start
+            missing = [o for o in stage.outputs if not output_ok(out / o)]
+            if missing:
+                raise RuntimeError(f"stage {stage.name} finished without writing {', '.join(missing)}")
+            _write_marker(out, stage, status="done", seconds=seconds)
+            timings[stage.name] = {"seconds": seconds, "reused": False, "command": command(stage)}
+            spent += seconds
+            est_done += stage.est_s
+            remaining_est -= stage.est_s
+            tqdm.write(f"done {stage.name} in {_fmt_seconds(seconds)}")
+            bar.update(1)
+    finally:
+        bar.close()
+    return timings
