@@ -79,7 +79,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
                 mem_limit=suite.get("mem_limit", args.mem_limit), common=dict(
                     batch=args.batch, mode=args.mode, device=args.device, dtype=args.dtype,
                     warmup=suite.get("warmup", args.warmup), iters=suite.get("iters", args.iters),
-                    model_kwargs=suite.get("model_kwargs", {}),
+                    model_kwargs=suite.get("model_kwargs", {}), task=suite.get("task", args.task),
                 ),
                 command=f"linvit bench --suite {name} --device {args.device} --dtype {args.dtype} --out {args.out}",
             )  # fmt: skip
@@ -90,7 +90,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
         models=args.models, res=args.res, out=args.out, ladder=args.ladder, references=args.reference,
         timeout=args.timeout, mem_limit=args.mem_limit, common=dict(
             batch=args.batch, mode=args.mode, device=args.device, dtype=args.dtype, warmup=args.warmup,
-            iters=args.iters, model_kwargs=_parse_kwargs(args.model_kwargs),
+            iters=args.iters, model_kwargs=_parse_kwargs(args.model_kwargs), task=args.task,
         ),
         command="linvit " + " ".join(sys.argv[1:]),
     )  # fmt: skip
@@ -177,6 +177,24 @@ def _add_common_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra timm.create_model kwargs")
 
 
+def _add_segment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="ADE20K folder (images/, annotations/) or a folder with masks/")
+    p.add_argument("--model", required=True, help="backbone: any registered linvit or timm ViT name")
+    p.add_argument("--img-size", type=int, default=None, help="evaluation: resize the shorter side to this")
+    p.add_argument("--batch-size", type=int, default=8, help="images per process")
+    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="data-loading processes")
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--pyramid-channels", type=int, default=256)
+    p.add_argument("--head-channels", type=int, default=128)
+    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra backbone kwargs")
+
+
+def _check_crop(args: argparse.Namespace) -> None:
+    if len(args.crop_size) not in (1, 2) or min(args.crop_size) < 1:
+        raise ValueError(f"--crop-size takes one side or H W, got {args.crop_size}")
+
+
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     _add_common_data_args(p)
     p.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
@@ -232,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--res", type=_csv(int), default=[224, 512, 1024], help="comma list of square input sides")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--mode", choices=["infer", "train"], default="infer", help="forward only, or forward+backward")
+    p.add_argument(
+        "--task", choices=["classify", "segment"], default="classify",
+        help="the classifier, or backbone + pyramid + semantic-FPN head (150 classes) as in `linvit segment`",
+    )  # fmt: skip
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="non-fp32 runs under autocast")
     p.add_argument(
@@ -289,7 +311,47 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analysis_args(p, limit=16)
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=_runner("explain.run", "run_erf"))
+
+    p = sub.add_parser("segment", help="semantic segmentation: backbone + simple feature pyramid + semantic-FPN head")
+    seg = p.add_subparsers(dest="segment_command", required=True)
+    t = seg.add_parser("train", help="per-pixel cross-entropy training (torchrun for DDP)")
+    _add_segment_args(t)
+    t.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
+    t.add_argument("--train-split", default="train")
+    t.add_argument("--val-split", default="val")
+    t.add_argument("--epochs", type=int, default=50)
+    t.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (per-iteration cosine schedule)")
+    t.add_argument("--weight-decay", type=float, default=0.05)
+    t.add_argument("--warmup-epochs", type=int, default=1)
+    t.add_argument("--crop-size", type=int, nargs="+", default=[512], metavar="PX", help="training crop: S or H W")
+    t.add_argument("--scale", type=float, nargs=2, default=[0.5, 2.0], help="random resize range (x the crop side)")
+    t.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
+    t.add_argument("--clip-grad", type=float, default=None)
+    t.add_argument("--backbone-checkpoint", default=None, help="classification weights to start the backbone from")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
+    t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+    t.set_defaults(func=_runner("segment.engine", "run_segment_train", _check_crop))
+    e = seg.add_parser("eval", help="mIoU, pixel accuracy and per-class IoU of a checkpoint")
+    _add_segment_args(e)
+    e.add_argument("--split", default="val")
+    e.add_argument("--checkpoint", default=None, help="segmenter weights (.safetensors/.pth from segment train)")
+    e.add_argument("--flops-at", type=int, default=None, metavar="PX", help="also count GMACs at PX x PX")
+    e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))
+
+    p = sub.add_parser("reproduce", help="data, training, maps, spectra, ERFs and benchmarks -> OUT/report.md")
+    p.add_argument("--quick", action="store_true", help="the 15-minute recipe for 2 CPU cores")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--out", required=True, help="output folder; re-running with it reuses finished stages")
+    p.set_defaults(func=_reproduce)
     return parser
+
+
+def _reproduce(args: argparse.Namespace) -> None:
+    from linvit.reproduce import run_reproduce
+
+    run_reproduce(args)
 
 
 def _version() -> str:

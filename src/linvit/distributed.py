@@ -37,6 +37,13 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_tensor(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks in place (identity in a single process); returns it."""
+    if is_distributed():
+        dist.all_reduce(t)
+    return t
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()

@@ -18,11 +18,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import linvit  # noqa: F401  (registers the models)
 
-from ..models.variants import create_variant
+from ..models.variants import create_any_size
 from .meters import EnergyMeter, PeakMemory
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DEFAULTS = {"batch": 1, "mode": "infer", "device": "cpu", "dtype": "fp32", "warmup": 1, "iters": 3}
+DEFAULTS = {"batch": 1, "mode": "infer", "device": "cpu", "dtype": "fp32", "warmup": 1, "iters": 3, "task": "classify"}
+SEGMENT_CLASSES = 150  # ADE20K
 
 
 def _sync(device: torch.device) -> None:
@@ -42,14 +43,18 @@ def measure(spec: dict) -> dict:
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["mem_limit_gb"] * 2**30 / total), device)
     torch.manual_seed(0)
     kwargs = spec.get("model_kwargs") or {}
-    try:  # resample position embeddings per input (as deployed), never a weight sized to the resolution
-        model = create_variant(spec["model"], dynamic_img_size=True, **kwargs)
-    except TypeError:  # models without position embeddings take any size as they are
-        model = create_variant(spec["model"], **kwargs)
+    if spec.get("task") == "segment":  # backbone + simple feature pyramid + semantic-FPN head, 150 classes
+        from ..segment import create_segmenter
+
+        model = create_segmenter(spec["model"], num_classes=SEGMENT_CLASSES, **kwargs)
+        target_shape = (batch, res, res)
+    else:  # position embeddings resampled per input (as deployed), never a weight sized to the resolution
+        model = create_any_size(spec["model"], **kwargs)
+        target_shape = (batch,)
     model = model.to(device)
     model.train(mode == "train")
     x = torch.randn(batch, 3, res, res, device=device)
-    target = torch.randint(0, max(1, getattr(model, "num_classes", 1000)), (batch,), device=device)
+    target = torch.randint(0, max(1, getattr(model, "num_classes", 1000)), target_shape, device=device)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
 
     def step() -> None:
@@ -81,9 +86,9 @@ def measure(spec: dict) -> dict:
             times.append(time.perf_counter() - t0)
         e1 = energy.joules()
     median = statistics.median(times)
-    patch = getattr(getattr(model, "patch_embed", None), "patch_size", (16, 16))
+    patch = getattr(getattr(getattr(model, "backbone", model), "patch_embed", None), "patch_size", (16, 16))
     return {
-        **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype")},
+        **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype", "task")},
         "status": "ok",
         "reason": None,
         "tokens": (res // patch[0]) * (res // patch[1]),

@@ -33,6 +33,13 @@ SUITES: dict[str, dict] = {
         models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"], res=[224, 512, 1024, 1248], iters=5,
         warmup=2, reference=["deit_tiny_patch16_224"],
     ),
+    # the segmentation model (backbone + simple feature pyramid + semantic-FPN head) at high resolution
+    "segment": dict(
+        models=["deit_tiny_patch16_224", "deit_tiny_patch16_224:naive", "linear_infvit_tiny_patch16_224",
+                "weightformer_tiny_patch16_224"],
+        res=[512, 1024, 2048], iters=1, warmup=1, task="segment", mem_limit=20.0, timeout=1200,
+        reference=["deit_tiny_patch16_224"],
+    ),
     # very high resolution with token-chunked inference
     "highres": dict(
         models=["linear_infvit_4l_patch16_224"], res=[9216], iters=1, warmup=0, timeout=3000,

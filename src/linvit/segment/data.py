@@ -1,0 +1,142 @@
+"""Segmentation folders: the embedded cluttered-MNIST masks and the ADE20K release layout.
+
+Layouts read:
+    cluttered MNIST  DIR/<split>/<class>/<name>.png with label maps DIR/masks/<split>/<class>/<name>.png
+                     (`linvit data cluttered-mnist`; 11 classes: background + digits, from DIR/meta.json)
+    ADE20K           DIR/images/{training,validation}/*.jpg with DIR/annotations/{...}/*.png
+                     (ADEChallengeData2016; 150 classes; label 0 "other" is ignored, k -> k-1, as in
+                     mmsegmentation's reduce_zero_label). Splits "train"/"val" map to training/validation.
+Joint image/mask transforms are torchvision's transforms.v2 (masks resized nearest, padded with ignore).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+IGNORE = 255
+ADE_SPLITS = {"train": "training", "val": "validation"}
+ADE_CLASSES = 150
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+@dataclass
+class SegmentationSplit:
+    """(image, label map) pairs of one split and what their labels mean."""
+
+    pairs: list[tuple[Path, Path]]
+    num_classes: int
+    class_names: list[str]
+    layout: str
+    reduce_zero_label: bool = False
+    ignore_index: int = IGNORE
+
+
+def _ade_names(root: Path) -> list[str]:
+    for name in ("objectInfo150.csv", "objectInfo150.txt"):
+        path = root / name
+        if path.is_file():  # columns: Idx, Ratio, Train, Val, Name (tab- or comma-separated)
+            rows = [line.replace("\t", ",").split(",") for line in path.read_text().splitlines()[1:] if line.strip()]
+            names = [row[-1].strip().strip('"').split(";")[0] for row in rows]
+            if len(names) == ADE_CLASSES:
+                return names
+    return [f"class {i}" for i in range(ADE_CLASSES)]
+
+
+def find_split(root: str | Path, split: str) -> SegmentationSplit:
+    """The pairs of ``split`` under ``root`` in either supported layout, with a clear error otherwise."""
+    root = Path(root)
+    if (root / "images").is_dir() and (root / "annotations").is_dir():
+        sub = ADE_SPLITS.get(split, split)
+        images = sorted(p for p in (root / "images" / sub).glob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        pairs = [(p, root / "annotations" / sub / f"{p.stem}.png") for p in images]
+        layout, names, reduce_zero = "ade20k", _ade_names(root), True
+    elif (root / "masks" / split).is_dir():
+        images = sorted(p for p in (root / split).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        pairs = [(p, root / "masks" / p.relative_to(root)) for p in images]
+        meta = json.loads((root / "meta.json").read_text()) if (root / "meta.json").is_file() else {}
+        layout, names, reduce_zero = "masks", meta.get("mask_classes"), False
+        if not names:
+            raise ValueError(f"{root}/meta.json must list mask_classes (the label of each mask value)")
+    else:
+        raise ValueError(
+            f"{root}: no segmentation data for split {split!r} (expected images/ + annotations/ as in ADE20K, "
+            f"or {split}/ + masks/{split}/ as written by `linvit data cluttered-mnist`)"
+        )
+    if not pairs:
+        raise ValueError(f"{root}: split {split!r} has no images")
+    missing = [str(m) for _, m in pairs if not m.is_file()]
+    if missing:
+        raise ValueError(f"{root}: {len(missing)} images have no label map, e.g. {missing[0]}")
+    return SegmentationSplit(pairs, len(names), list(names), layout, reduce_zero)
+
+
+def train_transform(crop: tuple[int, int], scale: tuple[float, float], hflip: float) -> v2.Compose:
+    """Random resize (shorter side = scale x the crop's shorter side), random crop padded with ignore, flip."""
+    short = min(crop)
+    return v2.Compose([
+        v2.RandomResize(max(1, round(short * scale[0])), max(2, round(short * scale[1]) + 1)),
+        v2.RandomCrop(crop, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}),
+        v2.RandomHorizontalFlip(hflip),
+        v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
+        v2.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
+    ])  # fmt: skip
+
+
+class EvalTransform:
+    """Image resized so its shorter side is ``size`` (None: kept), normalised; the label map is left as is,
+    so scores are computed at the annotation's own resolution (logits are upsampled to it)."""
+
+    def __init__(self, size: int | None = None) -> None:
+        self.size = size
+        self.normalise = v2.Compose([v2.ToDtype(torch.float32, scale=True),
+                                     v2.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)])  # fmt: skip
+
+    def __call__(self, image: tv_tensors.Image, mask: tv_tensors.Mask):
+        if self.size is not None:
+            image = v2.functional.resize(image, [self.size], antialias=True)
+        return self.normalise(image), mask.as_subclass(torch.Tensor).long()
+
+
+class SegmentationDataset(Dataset):
+    """Items are (image (3, H, W) float, labels (H, W) int64 with IGNORE for unlabelled pixels)."""
+
+    def __init__(self, split: SegmentationSplit, transform) -> None:
+        self.split = split
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.split.pairs)
+
+    def __getitem__(self, index: int):
+        image_path, mask_path = self.split.pairs[index]
+        image = Image.open(image_path).convert("RGB")
+        labels = np.array(Image.open(mask_path))
+        if labels.ndim != 2:
+            raise ValueError(f"{mask_path}: label maps must be single-channel (mode L or P), got shape {labels.shape}")
+        if labels.shape != (image.height, image.width):
+            raise ValueError(f"{mask_path}: label map {labels.shape} does not match image {image.height}x{image.width}")
+        labels = labels.astype(np.int64)
+        if self.split.reduce_zero_label:
+            labels = np.where(labels == 0, IGNORE, labels - 1)
+        image_t = tv_tensors.Image(torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1))
+        return self.transform(image_t, tv_tensors.Mask(torch.from_numpy(labels)))
+
+
+def collate_pairs(batch: list) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Lists, not stacks: evaluation images may differ in size."""
+    return [b[0] for b in batch], [b[1] for b in batch]
+
+
+def upsample_logits(logits: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    return logits if logits.shape[-2:] == tuple(size) else F.interpolate(logits, size=size, mode="bilinear")

@@ -1,0 +1,212 @@
+"""`linvit segment train | eval`: per-pixel cross-entropy training and mIoU evaluation, one process or torchrun.
+
+The classification engine's machinery is reused as is: AdamW through timm's create_optimizer_v2 (no
+weight decay on norms, biases, position embeddings, InfSA discounts), a per-iteration cosine schedule
+with warm-up, AMP, gradient clipping, DDP, per-epoch reseeding, atomic last.pth with exact resume,
+metrics.jsonl and model.safetensors at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+from tqdm import tqdm
+
+from ..distributed import all_reduce_sum, all_reduce_tensor, barrier, cleanup, init_distributed
+from ..evaluate import autocast, load_weights, unwrap_state_dict
+from ..train import (
+    atomic_write_text,
+    gather_rng,
+    optimizer_step,
+    resume_run,
+    save_epoch,
+    seed_everything,
+    training_state,
+)  # fmt: skip
+from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
+from .metrics import confusion_matrix, scores
+from .model import Segmenter, create_segmenter
+
+
+def build_model(args, num_classes: int) -> Segmenter:
+    model = create_segmenter(args.model, num_classes, args.pyramid_channels, args.head_channels,
+                             **args.model_kwargs)  # fmt: skip
+    if getattr(args, "backbone_checkpoint", None):
+        load_backbone(model.backbone, args.backbone_checkpoint)
+    return model
+
+
+def load_backbone(backbone: nn.Module, path: str) -> None:
+    """Initialise the backbone from a classification checkpoint (its head and unknown keys are dropped)."""
+    from timm.models import load_state_dict
+
+    state = unwrap_state_dict(load_state_dict(path, weights_only=True))
+    own = backbone.state_dict()
+    state = {k: v for k, v in state.items() if k in own}
+    missing = [k for k in own if k not in state]
+    mis_shaped = [k for k in state if state[k].shape != own[k].shape]
+    if missing or mis_shaped:
+        raise ValueError(f"{path}: does not fit the backbone: missing {missing[:3]}, mis-shaped {mis_shaped[:3]}")
+    backbone.load_state_dict(state)
+
+
+@torch.no_grad()
+def evaluate_segmentation(model: nn.Module, loader, num_classes: int, device, amp: str = "none",
+                          progress: bool = False) -> dict:  # fmt: skip
+    """Scores at each label map's own resolution, summed over ranks (every rank returns the same)."""
+    model.eval()
+    matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+    for images, labels in tqdm(loader, desc="eval", leave=False, disable=not progress):
+        for image, label in zip(images, labels, strict=True):  # sizes may differ: one image at a time
+            with autocast(device, amp):
+                logits = model(image[None].to(device))
+            pred = upsample_logits(logits.float(), label.shape[-2:]).argmax(1)[0]
+            matrix += confusion_matrix(pred, label.to(device), num_classes)
+    all_reduce_tensor(matrix)
+    return {**scores(matrix.cpu()), "confusion": matrix.cpu().tolist()}
+
+
+def _loaders(args, rank: int, world: int, device):
+    train_split = find_split(args.data, args.train_split)
+    val_split = find_split(args.data, args.val_split)
+    if train_split.num_classes != val_split.num_classes:
+        raise ValueError(f"train and val label sets differ: {train_split.num_classes} vs {val_split.num_classes}")
+    crop = tuple(args.crop_size) if len(args.crop_size) == 2 else (args.crop_size[0], args.crop_size[0])
+    train_set = SegmentationDataset(train_split, train_transform(crop, tuple(args.scale), args.hflip))
+    val_set = SegmentationDataset(val_split, EvalTransform(args.img_size))
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+                        drop_last=True, pin_memory=device.type == "cuda")  # fmt: skip
+    if len(loader) == 0:
+        raise ValueError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+    val_loader = DataLoader(Subset(val_set, list(range(rank, len(val_set), world))), batch_size=args.batch_size,
+                            num_workers=args.workers, collate_fn=collate_pairs)  # fmt: skip
+    return train_split, loader, sampler, val_loader
+
+
+def run_segment_train(args) -> list[dict]:
+    """`linvit segment train`: the whole run; returns the per-epoch metrics (rank 0 writes them to OUT)."""
+    rank, world, device = init_distributed(args.device)
+    try:
+        return _train(args, rank, world, device)
+    finally:
+        cleanup()
+
+
+def _train(args, rank: int, world: int, device) -> list[dict]:
+    output = Path(args.output)
+    if rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+    seed_everything(args.seed)
+    split, loader, sampler, val_loader = _loaders(args, rank, world, device)
+    model = build_model(args, split.num_classes).to(device)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=args.lr, weight_decay=args.weight_decay)
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched="cosine", num_epochs=args.epochs, warmup_epochs=args.warmup_epochs, warmup_lr=args.lr * 1e-3,
+        min_lr=args.lr * 1e-2, step_on_epochs=False, updates_per_epoch=len(loader),
+    )  # fmt: skip
+    scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
+    start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 \
+        else model  # fmt: skip
+    if rank == 0:
+        config = {**vars(args), "num_classes": split.num_classes, "class_names": split.class_names,
+                  "layout": split.layout, "world_size": world, "device": str(device)}  # fmt: skip
+        atomic_write_text(json.dumps(config, indent=2, default=str), output / "config.json")
+        params = sum(p.numel() for p in model.parameters())
+        print(f"{args.model} + pyramid + semantic-FPN head: {params:,} params, {split.num_classes} classes "
+              f"({split.layout}), {len(loader.dataset)} train images, world {world}")  # fmt: skip
+    for epoch in range(start_epoch, args.epochs):
+        seed_everything(args.seed + 1000 * epoch + rank)  # replayable on resume
+        sampler.set_epoch(epoch)
+        ddp.train()
+        loss_sum = seen = 0.0
+        start = time.perf_counter()
+        bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
+        for step, (images, labels) in enumerate(bar):
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            with autocast(device, args.amp):
+                logits = ddp(images)
+            loss = F.cross_entropy(logits.float(), labels, ignore_index=split.ignore_index)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} step {step}; stopping")
+            optimizer_step(loss, ddp, optimizer, scaler, args.clip_grad)
+            scheduler.step_update(num_updates=epoch * len(loader) + step + 1)
+            loss_sum += loss.item() * len(images)
+            seen += len(images)
+            bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+        seconds = time.perf_counter() - start
+        loss_sum, seen = all_reduce_sum([loss_sum, seen], device)
+        scheduler.step(epoch + 1)
+        val = evaluate_segmentation(model, val_loader, split.num_classes, device, args.amp)
+        record = {"epoch": epoch, "train_loss": loss_sum / max(seen, 1), "val_miou": val["miou"],
+                  "val_pixel_acc": val["pixel_acc"], "val_mean_acc": val["mean_acc"],
+                  "lr": optimizer.param_groups[0]["lr"], "epoch_seconds": seconds,
+                  "images_per_second": seen / seconds if seconds > 0 else None}  # fmt: skip
+        history.append(record)
+        rngs = gather_rng(world)
+        if rank == 0:
+            save_epoch(output, training_state(model, optimizer, scheduler, None, scaler, epoch, rngs, history, args),
+                       record)  # fmt: skip
+            print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+        barrier()
+    if rank == 0 and history:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(output / "model.safetensors"))
+    return history
+
+
+def backbone_macs(model: Segmenter, size: int) -> dict:
+    """GMACs of the backbone and of the whole segmenter on one size x size image (torch's FLOP counter / 2)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for module in model.modules():  # a fused attention kernel hides its matmuls from the counter
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+    x = torch.zeros(1, 3, size, size)
+    out = {}
+    with torch.no_grad():
+        for name, fn in (("backbone", model.pyramid.last_map), ("segmenter", model)):
+            with FlopCounterMode(display=False) as counter:
+                fn(x)
+            out[f"{name}_gmacs@{size}"] = counter.get_total_flops() / 2e9
+    return out
+
+
+def run_segment_eval(args) -> dict:
+    """`linvit segment eval`: mIoU, pixel accuracy and per-class IoU of a checkpoint on one split."""
+    rank, world, device = init_distributed(args.device)
+    try:
+        split = find_split(args.data, args.split)
+        model = build_model(args, split.num_classes)
+        if args.checkpoint:
+            load_weights(model, args.checkpoint)
+        model.to(device)
+        dataset = SegmentationDataset(split, EvalTransform(args.img_size))
+        loader = DataLoader(Subset(dataset, list(range(rank, len(dataset), world))), batch_size=args.batch_size,
+                            num_workers=args.workers, collate_fn=collate_pairs)  # fmt: skip
+        metrics = evaluate_segmentation(model, loader, split.num_classes, device, args.amp, progress=rank == 0)
+        metrics.update(model=args.model, checkpoint=args.checkpoint, split=args.split, data=str(args.data),
+                       images=len(dataset), class_names=split.class_names)  # fmt: skip
+        if args.flops_at:
+            metrics.update(backbone_macs(model.cpu(), args.flops_at))
+        if rank == 0:
+            print(f"mIoU {metrics['miou']:.2f}  pixel acc {metrics['pixel_acc']:.2f}  "
+                  f"mean acc {metrics['mean_acc']:.2f}  ({len(dataset)} images)")  # fmt: skip
+            for name, iou in zip(split.class_names, metrics["per_class_iou"], strict=True):
+                print(f"  {name:<24} IoU {iou:6.2f}")
+            if args.json:
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.json).write_text(json.dumps(metrics, indent=2))
+        return metrics
+    finally:
+        cleanup()

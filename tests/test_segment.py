@@ -1,0 +1,218 @@
+"""Dense prediction: pyramid shapes for every family, mIoU against a hand count, data readers, training."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from linvit.cli import main as cli_main
+from linvit.data import build_cluttered_mnist
+from linvit.models.pyramid import create_pyramid
+from linvit.segment import confusion_matrix, create_segmenter, scores
+from linvit.segment.data import IGNORE, EvalTransform, SegmentationDataset, find_split
+
+FAMILIES = [
+    ("deit_tiny_patch16_224", ["depth=2"]),
+    ("infvit_tiny_patch16_224", ["depth=2"]),
+    ("linear_infvit_tiny_patch16_224", ["depth=2"]),
+    ("katz_infvit_tiny_patch16_224", ["depth=2"]),
+    ("weightformer_tiny_patch16_224", ["depth=2"]),
+]
+
+
+def _kwargs(pairs: list[str]) -> dict:
+    return {k: int(v) for k, v in (p.split("=") for p in pairs)}
+
+
+@pytest.mark.parametrize("model,kwargs", FAMILIES)
+@pytest.mark.parametrize("size", [(64, 64), (64, 96)])
+def test_pyramid_has_strides_4_8_16_32_for_every_family(model, kwargs, size):
+    pyramid = create_pyramid(model, out_channels=32, **_kwargs(kwargs)).eval()
+    with torch.no_grad():
+        maps = pyramid(torch.randn(2, 3, *size))
+    H, W = size
+    assert [tuple(m.shape) for m in maps] == [(2, 32, H // s, W // s) for s in (4, 8, 16, 32)]
+    assert [f["reduction"] for f in pyramid.feature_info] == [4, 8, 16, 32]
+    assert all(torch.isfinite(m).all() for m in maps)
+
+
+@pytest.mark.parametrize("model,kwargs", [FAMILIES[0], FAMILIES[2], FAMILIES[4]])
+def test_segmenter_takes_any_size_and_each_image_independently(model, kwargs):
+    net = create_segmenter(model, num_classes=5, pyramid_channels=32, head_channels=16, **_kwargs(kwargs)).eval()
+    x = torch.randn(2, 3, 50, 70)  # not a multiple of the patch: padded, then cropped back
+    with torch.no_grad():
+        logits = net(x)
+        alone = net(x[1:])
+    assert logits.shape == (2, 5, 50, 70)
+    torch.testing.assert_close(logits[1:], alone, rtol=1e-4, atol=1e-5)
+
+
+def test_pyramid_also_wraps_timm_deit_with_patch_16():
+    pyramid = create_pyramid("deit_small_patch16_224", out_channels=16, depth=1)
+    assert [tuple(m.shape[-2:]) for m in pyramid(torch.randn(1, 3, 224, 160))] == [(56, 40), (28, 20), (14, 10), (7, 5)]
+
+
+def test_segmenter_rejects_bad_input():
+    net = create_segmenter("deit_tiny_patch16_224", num_classes=3, pyramid_channels=16, head_channels=8, depth=1)
+    with pytest.raises(ValueError, match="3, H, W"):
+        net(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match="num_classes"):
+        create_segmenter("deit_tiny_patch16_224", num_classes=0)
+
+
+def test_miou_matches_a_hand_computed_confusion_matrix():
+    target = torch.tensor([[0, 0, 1, 1], [2, 2, 1, IGNORE]])
+    pred = torch.tensor([[0, 1, 1, 1], [2, 0, 1, 2]])
+    # rows = truth, columns = prediction, the ignored pixel not counted
+    hand = torch.tensor([[1, 1, 0], [0, 3, 0], [1, 0, 1]])
+    matrix = confusion_matrix(pred, target, num_classes=3)
+    assert torch.equal(matrix, hand)
+    s = scores(matrix)
+    iou = [1 / (2 + 2 - 1), 3 / (3 + 4 - 3), 1 / (2 + 1 - 1)]  # tp / (truth + predicted - tp)
+    assert s["per_class_iou"] == pytest.approx([100 * v for v in iou])
+    assert s["miou"] == pytest.approx(100 * sum(iou) / 3)
+    assert s["pixel_acc"] == pytest.approx(100 * 5 / 7)
+    assert s["pixels"] == 7
+
+
+def test_a_class_absent_everywhere_is_left_out_of_the_mean():
+    target = torch.tensor([0, 0, 1, 1])
+    s = scores(confusion_matrix(target.clone(), target, num_classes=4))
+    assert s["miou"] == pytest.approx(100.0) and np.isnan(s["per_class_iou"][3])
+
+
+def test_confusion_matrix_rejects_bad_labels():
+    with pytest.raises(ValueError, match="differ in shape"):
+        confusion_matrix(torch.zeros(2, 2), torch.zeros(2, 3), 3)
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        confusion_matrix(torch.zeros(4), torch.tensor([0, 1, 5, 2]), 3)
+
+
+def test_one_training_step_lowers_the_loss():
+    torch.manual_seed(0)
+    net = create_segmenter("linear_infvit_tiny_patch16_224", num_classes=3, pyramid_channels=32, head_channels=16,
+                           depth=2, patch_size=8)  # fmt: skip
+    x = torch.randn(4, 3, 32, 32)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()  # a learnable per-pixel rule
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(2):
+        loss = F.cross_entropy(net(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[1] < losses[0]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("segdata")
+    build_cluttered_mnist(root, canvas=32, per_class_train=2, per_class_val=1, clutter=2, progress=False)
+    return root
+
+
+def test_builder_masks_label_the_digit_ink_with_class_plus_one(data):
+    meta = json.loads((data / "meta.json").read_text())
+    assert meta["mask_classes"][0] == "background" and len(meta["mask_classes"]) == 11
+    boxes = json.loads((data / "boxes.json").read_text())
+    for rel, [(x0, y0, x1, y1)] in boxes.items():
+        cls = int(rel.split("/")[1])
+        mask = np.asarray(Image.open(data / "masks" / rel))
+        image = np.asarray(Image.open(data / rel))[..., 0]
+        assert mask.shape == image.shape and set(np.unique(mask)) == {0, cls + 1}
+        ys, xs = np.nonzero(mask)
+        assert x0 <= xs.min() and xs.max() < x1 and y0 <= ys.min() and ys.max() < y1  # ink inside the box
+        assert (image[mask > 0] >= 64).all()  # labelled pixels are bright digit ink
+
+
+def test_cluttered_mnist_split_reads_pairs(data):
+    split = find_split(data, "train")
+    assert split.num_classes == 11 and len(split.pairs) == 20 and split.layout == "masks"
+    image, labels = SegmentationDataset(split, EvalTransform())[0]
+    assert image.shape == (3, 32, 32) and labels.shape == (32, 32) and labels.dtype == torch.int64
+
+
+def _fake_ade(root, n=2, size=(24, 40)):
+    for sub in ("training", "validation"):
+        (root / "images" / sub).mkdir(parents=True)
+        (root / "annotations" / sub).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(np.full((*size, 3), 100, np.uint8)).save(root / "images" / sub / f"ADE_{sub}_{i}.jpg")
+            labels = np.zeros(size, np.uint8)
+            labels[:, size[1] // 2 :] = 150
+            labels[0, 0] = 1
+            Image.fromarray(labels).save(root / "annotations" / sub / f"ADE_{sub}_{i}.png")
+
+
+def test_ade20k_layout_ignores_label_zero_and_shifts_the_rest(tmp_path):
+    _fake_ade(tmp_path)
+    split = find_split(tmp_path, "val")
+    assert split.layout == "ade20k" and split.num_classes == 150 and len(split.pairs) == 2
+    _, labels = SegmentationDataset(split, EvalTransform(16))[0]
+    assert labels.shape == (24, 40)  # scored at the annotation's resolution
+    assert labels[0, 0] == 0 and labels[5, 0] == IGNORE and labels[5, -1] == 149
+
+
+def test_readers_fail_with_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="no segmentation data"):
+        find_split(tmp_path, "train")
+    _fake_ade(tmp_path)
+    (tmp_path / "annotations" / "training" / "ADE_training_0.png").unlink()
+    with pytest.raises(ValueError, match="no label map"):
+        find_split(tmp_path, "train")
+
+
+SEG = ["--model-kwargs", "patch_size=8", "depth=2", "--pyramid-channels", "32", "--head-channels", "16",
+       "--workers", "0", "--device", "cpu"]  # fmt: skip
+
+
+def test_segment_train_resume_and_eval_end_to_end(data, tmp_path):
+    out = tmp_path / "run"
+    train = ["segment", "train", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224", "--output", str(out),
+             "--batch-size", "4", "--lr", "1e-3", "--crop-size", "32", "--scale", "1", "1", "--hflip", "0",
+             "--warmup-epochs", "0", "--no-progress", *SEG]  # fmt: skip
+    assert cli_main([*train, "--epochs", "1"]) == 0
+    assert cli_main([*train, "--epochs", "2", "--resume", "auto"]) == 0  # continues at epoch 1
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1]
+    assert {"train_loss", "val_miou", "val_pixel_acc", "epoch_seconds"} <= rows[-1].keys()
+    result = tmp_path / "eval.json"
+    assert cli_main(["segment", "eval", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224",
+                     "--checkpoint", str(out / "model.safetensors"), "--json", str(result), "--flops-at", "64",
+                     *SEG]) == 0  # fmt: skip
+    metrics = json.loads(result.read_text())
+    assert metrics["miou"] == pytest.approx(rows[-1]["val_miou"])  # the saved weights are the logged ones
+    assert len(metrics["per_class_iou"]) == 11 and metrics["class_names"][1] == "digit 0"
+    assert 0 < metrics["backbone_gmacs@64"] < metrics["segmenter_gmacs@64"]
+
+
+def test_segment_torchrun_two_processes_agree(data, tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "linvit",
+           "segment", "train", "--data", str(data), "--model", "deit_tiny_patch16_224", "--output", str(tmp_path),
+           "--epochs", "1", "--batch-size", "2", "--crop-size", "32", "--scale", "1", "1", "--no-progress",
+           *SEG]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and "world 2" in result.stdout
+    # evaluation is sharded over ranks and summed: the logged mIoU equals one single-process evaluation
+    single = cli_main(["segment", "eval", "--data", str(data), "--model", "deit_tiny_patch16_224",
+                       "--checkpoint", str(tmp_path / "model.safetensors"), "--json", str(tmp_path / "e.json"), *SEG])
+    assert single == 0
+    assert json.loads((tmp_path / "e.json").read_text())["miou"] == pytest.approx(rows[0]["val_miou"])
+
+
+def test_segment_cli_errors_are_one_line(data, tmp_path, capsys):
+    code = cli_main(["segment", "train", "--data", str(tmp_path), "--model", "deit_tiny_patch16_224",
+                     "--output", str(tmp_path / "o"), *SEG])  # fmt: skip
+    assert code == 2 and "no segmentation data" in capsys.readouterr().err
