@@ -341,8 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))
 
     p = sub.add_parser("reproduce", help="data, training, maps, spectra, ERFs and benchmarks -> OUT/report.md")
-    p.add_argument("--quick", action="store_true", help="the 15-minute recipe for 2 CPU cores")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--quick", action="store_true", help="the short recipe: about 12 minutes on 2 CPU cores")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where training and benchmarks run")
     p.add_argument("--out", required=True, help="output folder; re-running with it reuses finished stages")
     p.set_defaults(func=_reproduce)
     return parser

@@ -70,11 +70,11 @@ def measure(spec: dict) -> dict:
     energy = EnergyMeter(device)
     times: list[float] = []
     flops = None
+    if warmup:  # the first warm-up iteration is the counted one, outside the memory window: the counter's
+        with FlopCounterMode(display=False) as counter:  # dispatch mode decomposes some ops (bilinear upsampling)
+            step()  # into large temporaries that plain inference never allocates
+        flops = counter.get_total_flops()
     with PeakMemory(device) as mem:
-        if warmup:
-            with FlopCounterMode(display=False) as counter:  # the first warm-up iteration is the counted one
-                step()
-            flops = counter.get_total_flops()
         for _ in range(warmup - 1):
             step()
         _sync(device)
