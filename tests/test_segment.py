@@ -216,3 +216,14 @@ def test_segment_cli_errors_are_one_line(data, tmp_path, capsys):
     code = cli_main(["segment", "train", "--data", str(tmp_path), "--model", "deit_tiny_patch16_224",
                      "--output", str(tmp_path / "o"), *SEG])  # fmt: skip
     assert code == 2 and "no segmentation data" in capsys.readouterr().err
+
+
+def test_bench_measures_the_segmentation_model():
+    from linvit.bench import run_point
+
+    spec = {"model": "deit_tiny_patch16_224", "res": 64, "iters": 1, "warmup": 1, "model_kwargs": {"depth": 1}}
+    classify = run_point(spec, timeout=300)
+    segment = run_point({**spec, "task": "segment"}, timeout=300)
+    assert classify["status"] == segment["status"] == "ok", (classify.get("reason"), segment.get("reason"))
+    assert segment["task"] == "segment" and segment["tokens"] == classify["tokens"] == 16
+    assert segment["gflops"] > classify["gflops"] and segment["params"] > classify["params"]  # pyramid + head

@@ -70,12 +70,8 @@ def measure(spec: dict) -> dict:
     energy = EnergyMeter(device)
     times: list[float] = []
     flops = None
-    if warmup:  # the first warm-up iteration is the counted one, outside the memory window: the counter's
-        with FlopCounterMode(display=False) as counter:  # dispatch mode decomposes some ops (bilinear upsampling)
-            step()  # into large temporaries that plain inference never allocates
-        flops = counter.get_total_flops()
-    with PeakMemory(device) as mem:
-        for _ in range(warmup - 1):
+    with PeakMemory(device) as mem:  # opens cold: a warmed-up allocator would hide the peak in reused memory
+        for _ in range(warmup):
             step()
         _sync(device)
         e0 = energy.joules()
@@ -85,6 +81,10 @@ def measure(spec: dict) -> dict:
             _sync(device)
             times.append(time.perf_counter() - t0)
         e1 = energy.joules()
+    if warmup:  # FLOPs from one more iteration, outside the memory window: the counter's dispatch mode
+        with FlopCounterMode(display=False) as counter:  # decomposes some ops (bilinear upsampling) into
+            step()  # large temporaries that plain inference never allocates
+        flops = counter.get_total_flops()
     median = statistics.median(times)
     patch = getattr(getattr(getattr(model, "backbone", model), "patch_embed", None), "patch_size", (16, 16))
     return {
