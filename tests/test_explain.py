@@ -80,6 +80,12 @@ def test_morf_lerf_on_a_model_with_known_evidence():
         perturbation_curves(TopLeftPatchModel(), images, targets, torch.zeros(2, 3, 3), 8)
 
 
+def test_area_over_curve_is_in_probability_units():
+    curves = torch.tensor([[0.01, 0.10, 0.10], [0.90, 0.10, 0.10]])
+    # a barely believed image (p_0 = 0.01) counts by how much p moved, not by a ratio to p_0
+    assert area_over_curve(curves).tolist() == pytest.approx([-0.09, 0.80])
+
+
 def test_dense_perron_matches_numpy():
     A = torch.rand(1, 1, 20, 20, dtype=torch.float64) ** 3
     ours = dense_perron(A)[0, 0].numpy()

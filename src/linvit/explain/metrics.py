@@ -3,8 +3,8 @@
 Definitions (per image; reported values are means over images):
 - MoRF (LeRF): patches are removed in order of decreasing (increasing) map value, a fraction k/steps
   of all patches at step k = 0..steps, each removed patch filled with the dataset mean; p_k is the
-  softmax probability of the target class after step k. MoRF-AOC = mean_{k=1..steps} (p_0 - p_k) / p_0
-  (higher = the map finds what the model relies on); LeRF-AOC is the same on the LeRF curve (lower = better).
+  softmax probability of the target class after step k. MoRF-AOC = mean_{k=1..steps} (p_0 - p_k)
+  (AOPC; higher = the map finds what the model relies on); LeRF-AOC is the same on the LeRF curve (lower = better).
 - Box ROC-AUC / PR-AUC: the image-resolution map scores every pixel as a detector of "inside a ground-truth
   box" (sklearn roc_auc_score / average_precision_score); images whose pixels are all inside or all
   outside the boxes are skipped (the AUC is undefined there).
@@ -101,6 +101,9 @@ def perturbation_curves(
 
 
 def area_over_curve(curves: torch.Tensor) -> torch.Tensor:
-    """Per-image mean over k >= 1 of (p_0 - p_k) / p_0."""
-    p0 = curves[:, :1].clamp_min(1e-12)
-    return ((p0 - curves[:, 1:]) / p0).mean(dim=1)
+    """Per-image mean over k >= 1 of p_0 - p_k, in probability units (AOPC, Samek et al. 2017).
+
+    Not divided by p_0: on an image the model barely believes (p_0 = 0.01) a ratio would turn a
+    small rise of p into a huge negative score and swamp the average over images.
+    """
+    return (curves[:, :1] - curves[:, 1:]).mean(dim=1)
