@@ -18,6 +18,17 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path, dpi: int) -> None:
+    """PNG with a 256-colour palette: a third of the bytes, so reports can be committed with their figures."""
+    from PIL import Image
+
+    fig.savefig(path, dpi=dpi)
+    _plt().close(fig)
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(256)
+    small.save(path, optimize=True)
+
+
 def scaling_figure(family: list[dict], weightformer: list[dict], path: Path) -> None:
     """Latency vs tokens: the 4-layer family (left) and WeightFormer-T vs DeiT-T (right)."""
     plt = _plt()
@@ -29,8 +40,7 @@ def scaling_figure(family: list[dict], weightformer: list[dict], path: Path) -> 
     first = (family or weightformer or [{}])[0]
     fig.suptitle(f"inference latency, batch 1, {first.get('dtype')} on {first.get('device')}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path, dpi=90)
 
 
 def maps_figure(examples: dict[str, dict], labels: dict[str, str], path: Path, columns: int = 6) -> None:
@@ -55,8 +65,7 @@ def maps_figure(examples: dict[str, dict], labels: dict[str, str], path: Path, c
                     ax.add_patch(Rectangle((x0 - 0.5, y0 - 0.5), x1 - x0, y1 - y0, fill=False, ec="lime", lw=1))
             ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    _save(fig, path, dpi=80)
 
 
 def curves_figure(curves: dict[str, dict], path: Path) -> None:
@@ -74,8 +83,7 @@ def curves_figure(curves: dict[str, dict], path: Path) -> None:
     axes[0].set_ylabel("p(true class)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path, dpi=90)
 
 
 def erf_figure(maps: dict[str, np.ndarray], shares: dict[str, float], path: Path) -> None:
@@ -88,5 +96,4 @@ def erf_figure(maps: dict[str, np.ndarray], shares: dict[str, float], path: Path
         ax.add_patch(plt.Rectangle((W / 4 - 0.5, H / 4 - 0.5), W / 2, H / 2, fill=False, ec="black", ls="--"))
         ax.set_title(f"{name}\noutside centre {shares[name]:.2f}", fontsize=8)
         ax.axis("off")
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path, dpi=90)
