@@ -89,7 +89,8 @@ def plot_lines(axes, records: list[dict]) -> None:
         ax.set_xlabel("tokens")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:  # nothing to label when every point failed
+        axes[0].legend(fontsize=7)
 
 
 def plot_scaling(records: list[dict], path: Path) -> None:
