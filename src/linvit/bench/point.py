@@ -35,6 +35,8 @@ def measure(spec: dict) -> dict:
     """Time spec["model"] at spec["res"]; returns the point's record (status "ok")."""
     spec = {**DEFAULTS, **spec}
     device = torch.device(spec["device"])
+    if device.type == "cuda" and device.index is None:  # the memory-fraction cap needs an explicit index
+        device = torch.device("cuda", torch.cuda.current_device())
     dtype = DTYPES[spec["dtype"]]
     mode, batch, res = spec["mode"], int(spec["batch"]), int(spec["res"])
     warmup, iters = max(0, int(spec["warmup"])), max(1, int(spec["iters"]))
