@@ -102,3 +102,15 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
     assert "unknown variant" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["bench", "--models", "x", "--res", "a,b", "--out", str(tmp_path)])
+
+
+def test_flop_count_includes_fused_attention_on_cpu():
+    from functools import partial
+
+    from linvit.bench.meters import count_flops
+
+    x = torch.randn(1, 3, 224, 224)
+    fused, naive = (create_variant(f"deit_tiny_patch16_224{v}", depth=1).eval() for v in ("", ":naive"))
+    with torch.no_grad():
+        # the same attention, run by torch's CPU flash kernel or as explicit matmuls, costs the same FLOPs
+        assert count_flops(partial(fused, x)) == count_flops(partial(naive, x)) > 0

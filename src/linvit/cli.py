@@ -23,11 +23,13 @@ def _cmd_models(args: argparse.Namespace) -> None:
         model = timm.create_model(name).eval()
         row = {"model": name, "params": sum(p.numel() for p in model.parameters())}
         if args.macs:
-            from torch.utils.flop_counter import FlopCounterMode
+            from functools import partial
 
-            with torch.no_grad(), FlopCounterMode(display=False) as counter:
-                model(torch.zeros(1, 3, args.img_size, args.img_size))
-            row[f"gmacs@{args.img_size}"] = round(counter.get_total_flops() / 2e9, 3)
+            from linvit.bench.meters import count_flops
+
+            with torch.no_grad():
+                flops = count_flops(partial(model, torch.zeros(1, 3, args.img_size, args.img_size)))
+            row[f"gmacs@{args.img_size}"] = round(flops / 2e9, 3)
         rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))

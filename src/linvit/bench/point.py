@@ -14,12 +14,11 @@ import traceback
 from contextlib import nullcontext
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import linvit  # noqa: F401  (registers the models)
 
 from ..models.variants import create_any_size
-from .meters import EnergyMeter, PeakMemory
+from .meters import EnergyMeter, PeakMemory, count_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULTS = {"batch": 1, "mode": "infer", "device": "cpu", "dtype": "fp32", "warmup": 1, "iters": 3, "task": "classify"}
@@ -84,9 +83,7 @@ def measure(spec: dict) -> dict:
             times.append(time.perf_counter() - t0)
         e1 = energy.joules()
     if warmup:  # FLOPs from one more iteration, outside the memory window: the counter's dispatch mode
-        with FlopCounterMode(display=False) as counter:  # decomposes some ops (bilinear upsampling) into
-            step()  # large temporaries that plain inference never allocates
-        flops = counter.get_total_flops()
+        flops = count_flops(step)  # decomposes some ops (bilinear upsampling) into large temporaries
     median = statistics.median(times)
     patch = getattr(getattr(getattr(model, "backbone", model), "patch_embed", None), "patch_size", (16, 16))
     return {

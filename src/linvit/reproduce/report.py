@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,18 +46,15 @@ def bench_summary(points: list[dict], exponents: dict, model: str, references: l
 
 
 def count_macs(model_name: str, img_size: int = 224) -> float:
-    """GMACs of one 224x224 image (torch's FLOP counter / 2)."""
+    """GMACs of one img_size x img_size image (FLOPs / 2, attention included)."""
     import timm
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..bench.meters import count_flops
 
     model = timm.create_model(model_name).eval()
-    for module in model.modules():  # a fused attention kernel hides its matmuls from the counter
-        if hasattr(module, "fused_attn"):
-            module.fused_attn = False
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(torch.zeros(1, 3, img_size, img_size))
-    return counter.get_total_flops() / 2e9
+    with torch.no_grad():
+        return count_flops(partial(model, torch.zeros(1, 3, img_size, img_size))) / 2e9
 
 
 def environment(device: str) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,11 +20,11 @@ from safetensors.torch import save_file
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from ..distributed import all_reduce_sum, all_reduce_tensor, barrier, cleanup, init_distributed
-from ..evaluate import autocast, load_weights, unwrap_state_dict
+from ..evaluate import autocast, eval_loader, load_weights, unwrap_state_dict, write_json
 from ..train import (
     atomic_write_text,
     gather_rng,
@@ -89,8 +90,7 @@ def _loaders(args, rank: int, world: int, device):
                         drop_last=True, pin_memory=device.type == "cuda")  # fmt: skip
     if len(loader) == 0:
         raise ValueError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
-    val_loader = DataLoader(Subset(val_set, list(range(rank, len(val_set), world))), batch_size=args.batch_size,
-                            num_workers=args.workers, collate_fn=collate_pairs)  # fmt: skip
+    val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_pairs)
     return train_split, loader, sampler, val_loader
 
 
@@ -166,20 +166,13 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
 
 
 def backbone_macs(model: Segmenter, size: int) -> dict:
-    """GMACs of the backbone and of the whole segmenter on one size x size image (torch's FLOP counter / 2)."""
-    from torch.utils.flop_counter import FlopCounterMode
+    """GMACs of the backbone and of the whole segmenter on one size x size image (FLOPs / 2)."""
+    from ..bench.meters import count_flops
 
-    for module in model.modules():  # a fused attention kernel hides its matmuls from the counter
-        if hasattr(module, "fused_attn"):
-            module.fused_attn = False
     x = torch.zeros(1, 3, size, size)
-    out = {}
     with torch.no_grad():
-        for name, fn in (("backbone", model.pyramid.last_map), ("segmenter", model)):
-            with FlopCounterMode(display=False) as counter:
-                fn(x)
-            out[f"{name}_gmacs@{size}"] = counter.get_total_flops() / 2e9
-    return out
+        return {f"{name}_gmacs@{size}": count_flops(partial(fn, x)) / 2e9
+                for name, fn in (("backbone", model.pyramid.last_map), ("segmenter", model))}  # fmt: skip
 
 
 def run_segment_eval(args) -> dict:
@@ -192,8 +185,7 @@ def run_segment_eval(args) -> dict:
             load_weights(model, args.checkpoint)
         model.to(device)
         dataset = SegmentationDataset(split, EvalTransform(args.img_size))
-        loader = DataLoader(Subset(dataset, list(range(rank, len(dataset), world))), batch_size=args.batch_size,
-                            num_workers=args.workers, collate_fn=collate_pairs)  # fmt: skip
+        loader = eval_loader(dataset, args.batch_size, args.workers, rank, world, collate_fn=collate_pairs)
         metrics = evaluate_segmentation(model, loader, split.num_classes, device, args.amp, progress=rank == 0)
         metrics.update(model=args.model, checkpoint=args.checkpoint, split=args.split, data=str(args.data),
                        images=len(dataset), class_names=split.class_names)  # fmt: skip
@@ -205,8 +197,7 @@ def run_segment_eval(args) -> dict:
             for name, iou in zip(split.class_names, metrics["per_class_iou"], strict=True):
                 print(f"  {name:<24} IoU {iou:6.2f}")
             if args.json:
-                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.json).write_text(json.dumps(metrics, indent=2))
+                write_json(args.json, metrics)
         return metrics
     finally:
         cleanup()
