@@ -102,10 +102,15 @@ def check_num_classes(model: nn.Module, state: dict, path) -> None:
         raise ValueError(f"{path}: checkpoint has {state[key].shape[0]} classes, the data has {head.out_features}")
 
 
-def eval_loader(dataset, batch_size: int, workers: int, rank: int, world: int) -> DataLoader:
+def eval_loader(dataset, batch_size: int, workers: int, rank: int, world: int, collate_fn=collate_skip_none):
     """Disjoint rank shards (rank::world) in order; unequal shards are fine since results are summed."""
     shard = Subset(dataset, list(range(rank, len(dataset), world)))
-    return DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate_skip_none)
+    return DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate_fn)
+
+
+def write_json(path: str | Path, record: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=2))
 
 
 def run_eval(args) -> dict:
@@ -127,8 +132,7 @@ def run_eval(args) -> dict:
             print(f"top1 {metrics['top1']:.2f}  top5 {metrics['top5']:.2f}  loss {metrics['loss']:.4f}  "
                   f"({metrics['images']} images, {metrics['skipped']} skipped)")  # fmt: skip
             if args.json:
-                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.json).write_text(json.dumps(metrics, indent=2))
+                write_json(args.json, metrics)
         return metrics
     finally:
         cleanup()

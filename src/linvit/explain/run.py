@@ -10,7 +10,7 @@ import torch
 from timm.data import create_transform, resolve_data_config
 
 from ..data import SafeImageFolder, boxes_for, load_boxes
-from ..evaluate import load_weights
+from ..evaluate import load_weights, write_json
 from ..models import create_variant
 from .erf import effective_receptive_field
 from .maps import importance_maps
@@ -184,8 +184,7 @@ def run_spectral(args) -> dict:
     model, images, _, _, _ = load_model_and_images(args, args.limit)
     report = spectral_report(model, images, depth=args.depth)
     report.update(model=args.model, checkpoint=args.checkpoint)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     for layer in report["layers"]:
         cos = np.mean(layer["cosine"])
         radius, gap = np.mean(layer["spectral_radius"]), np.mean(layer["truncation_gap"])

@@ -100,14 +100,14 @@ def _fmt_seconds(seconds: float) -> str:
 def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
     """Run (or reuse) every stage via execute(argv); returns {name: {"seconds", "reused", "command"}}."""
     timings: dict[str, dict] = {}
-    todo = [s for s in stages if not finished(out, s)]
+    reuse = {s.name for s in stages if finished(out, s)}
     est_done = spent = 0.0
-    remaining_est = sum(s.est_s for s in todo)
+    remaining_est = sum(s.est_s for s in stages if s.name not in reuse)
     bar = tqdm(total=len(stages), unit="stage", dynamic_ncols=True,
                bar_format="reproduce {n_fmt}/{total_fmt} stages |{bar:24}| {elapsed} elapsed{postfix}")  # fmt: skip
     try:
         for stage in stages:
-            if stage not in todo:
+            if stage.name in reuse:
                 record = json.loads(_marker(out, stage).read_text())
                 timings[stage.name] = {"seconds": record.get("seconds"), "reused": True, "command": command(stage)}
                 tqdm.write(f"reusing {stage.name} (finished earlier, outputs checked)")
