@@ -114,3 +114,39 @@ def test_flop_count_includes_fused_attention_on_cpu():
     with torch.no_grad():
         # the same attention, run by torch's CPU flash kernel or as explicit matmuls, costs the same FLOPs
         assert count_flops(partial(fused, x)) == count_flops(partial(naive, x)) > 0
+
+
+def test_compiled_point_records_compile_time_apart():
+    spec = dict(TINY, model="linear_infvit_tiny_patch16_224", res=32, compile="default", model_kwargs={"depth": 1})
+    record = run_point(spec, timeout=600)
+    assert record["status"] == "ok", record
+    assert record["compile"] == "default" and record["compile_s"] > 0 and record["latency_ms"] > 0
+    assert record["gflops"] > 0  # counted on the eager model
+
+
+def test_batch_and_compile_are_sweep_dimensions(tmp_path):
+    from linvit.bench.report import exponents, markdown_table
+
+    records = [
+        dict(model=m, res=r, batch=b, compile=c, tokens=r * r // 256, status="ok", latency_ms=ms, latency_iqr_ms=0.0,
+             images_per_s=b / ms, peak_mem_mb=1.0, compile_s=2.0 if c != "off" else None)
+        for m, ms in (("a", 1.0), ("ref", 4.0)) for c in ("off", "default") for b in (1, 32) for r in (64, 128)
+    ]  # fmt: skip
+    table = markdown_table(records, references=["ref"])
+    assert "| batch | compile |" in table.splitlines()[0].replace("model | ", "") and "compile s" in table
+    assert table.count("4.00x") == 8  # every point against the reference with the same batch and compile mode
+    assert set(exponents(records)) == {"a", "a b32", "a [default]", "a b32 [default]"} | {
+        "ref", "ref b32", "ref [default]", "ref b32 [default]"
+    }
+
+
+def test_gpu_suite_dry_run_on_cpu(tmp_path):
+    from linvit.bench import SUITES, suite_names
+
+    code = cli_main(["bench", "--suite", "gpu", "--dry-run", "--compile", "off", "--out", str(tmp_path)])
+    assert code == 0
+    for name in suite_names("gpu"):
+        points = json.loads((tmp_path / name / "bench.json").read_text())["points"]
+        assert [p["status"] for p in points] == ["ok"] * len(SUITES[name]["models"])
+        assert SUITES[name]["device"] == "cuda" and SUITES[name]["batch"] == [1, 32]
+    assert "gpu_family4l" not in suite_names("all")

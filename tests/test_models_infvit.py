@@ -170,3 +170,45 @@ def test_token_chunk_is_inference_only():
     x = torch.randn(1, 3, 64, 64)
     model(x).sum().backward()  # autograd on: the ordinary path, gradients flow
     assert model.blocks[0].attn.theta.grad is not None
+
+
+def test_auto_token_chunking_switches_on_for_large_inputs(monkeypatch):
+    from linvit.models import infvit
+
+    model = timm.create_model("katz_infvit_tiny_patch16_224", num_classes=5, depth=2).eval()
+    x = torch.randn(1, 3, 96, 128)  # 48 tokens
+    assert model.token_chunk == "auto"
+    with torch.no_grad():
+        assert model.token_chunk_for(x) is None
+        whole = model(x)
+        monkeypatch.setattr(infvit, "AUTO_CHUNK_MIN_TOKENS", 48)
+        monkeypatch.setattr(infvit, "AUTO_TOKEN_CHUNK", 10)
+        assert model.token_chunk_for(x) == 10
+        torch.testing.assert_close(model(x), whole, rtol=1e-5, atol=1e-5)
+    assert model.token_chunk_for(x) is None  # autograd on: never chunked
+
+
+def test_cached_position_table_follows_the_grid_and_the_weights():
+    model = timm.create_model("linear_infvit_tiny_patch16_224", num_classes=5, depth=1).eval()
+    for size in ((64, 96), (128, 64), (64, 96)):
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            cached = model(x)
+        torch.testing.assert_close(cached, model(x).detach(), rtol=1e-5, atol=1e-6)  # grad on: timm's own path
+    with torch.no_grad():
+        model.pos_embed.add_(1.0)  # in place, as load_state_dict and optimisers do
+        torch.testing.assert_close(model(x), model.forward_head(super(type(model), model).forward_features(x)))
+
+
+def test_folded_weight_cache_follows_parameter_updates():
+    model = timm.create_model("linear_infvit_tiny_patch16_224", num_classes=5, depth=1).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        before = model(x)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state["blocks.0.attn.qkv.weight"] += 0.1
+        state["blocks.0.attn.theta"] -= 1.0
+        model.load_state_dict(state)
+        after = model(x)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, model(x).detach(), rtol=1e-5, atol=1e-6)  # grad on: derived afresh

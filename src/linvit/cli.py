@@ -63,60 +63,75 @@ def _parse_kwargs(pairs: list[str]) -> dict:
 
 
 def _cmd_bench(args: argparse.Namespace) -> None:
-    """Sweep models x resolutions, one subprocess per point; write bench.{json,csv,md} and scaling.png."""
-    from linvit.bench import SUITES
+    """Sweep models x resolutions (x batches x compile modes), one subprocess per point; write the outputs."""
+    from linvit.bench import SUITES, suite_names
 
     if args.suite:
-        names = list(SUITES) if args.suite == "all" else [args.suite]
-        for name in names:
-            if name not in SUITES:
-                raise ValueError(f"unknown suite {name!r}; choose from all, {', '.join(SUITES)}")
-        for name in names:
+        for name in suite_names(args.suite):
             suite = SUITES[name]
+            device = suite.get("device", args.device)
+            dtype = suite.get("dtype", args.dtype)
+            res = suite["res"]
+            batches = args.batch or suite.get("batch", [1])
+            compiles = args.compile or suite.get("compile", ["off"])
+            iters, warmup, min_time = suite.get("iters", args.iters), suite.get("warmup", args.warmup), args.min_time
+            min_time = suite.get("min_time", min_time)
+            if args.dry_run:  # the same points, tiny: a check of the plan on any machine
+                res, batches, iters, warmup, min_time = [32], batches[:1], 1, 1, 0.0
+                device = args.device
             print(f"== suite {name}")
             _run_bench(
-                models=suite["models"], res=suite["res"], out=os.path.join(args.out, name),
+                models=suite["models"], res=res, out=os.path.join(args.out, name),
                 ladder=suite.get("ladder", False), references=suite.get("reference", []),
-                timeout=suite.get("timeout", args.timeout),
-                mem_limit=suite.get("mem_limit", args.mem_limit), common=dict(
-                    batch=args.batch, mode=args.mode, device=args.device, dtype=args.dtype,
-                    warmup=suite.get("warmup", args.warmup), iters=suite.get("iters", args.iters),
+                timeout=suite.get("timeout", args.timeout), mem_limit=suite.get("mem_limit", args.mem_limit),
+                batches=batches, compiles=compiles, common=dict(
+                    mode=args.mode, device=device, dtype=dtype, warmup=warmup, iters=iters, min_time_s=min_time,
                     model_kwargs=suite.get("model_kwargs", {}), task=suite.get("task", args.task),
                 ),
-                command=f"linvit bench --suite {name} --device {args.device} --dtype {args.dtype} --out {args.out}",
+                command=f"linvit bench --suite {name} --device {device} --dtype {dtype} --out {args.out}",
             )  # fmt: skip
         return
     if not args.models:
         raise ValueError("give --models (comma list) or --suite")
     _run_bench(
         models=args.models, res=args.res, out=args.out, ladder=args.ladder, references=args.reference,
-        timeout=args.timeout, mem_limit=args.mem_limit, common=dict(
-            batch=args.batch, mode=args.mode, device=args.device, dtype=args.dtype, warmup=args.warmup,
-            iters=args.iters, model_kwargs=_parse_kwargs(args.model_kwargs), task=args.task,
+        timeout=args.timeout, mem_limit=args.mem_limit, batches=args.batch or [1], compiles=args.compile or ["off"],
+        common=dict(
+            mode=args.mode, device=args.device, dtype=args.dtype, warmup=args.warmup, iters=args.iters,
+            min_time_s=args.min_time, model_kwargs=_parse_kwargs(args.model_kwargs), task=args.task,
         ),
         command="linvit " + " ".join(sys.argv[1:]),
     )  # fmt: skip
 
 
-def _run_bench(models, res, out, ladder, references, timeout, mem_limit, common, command) -> None:
+def _run_bench(models, res, out, ladder, references, timeout, mem_limit, batches, compiles, common, command) -> None:
     from pathlib import Path
 
     from linvit.bench import ladder as run_ladder
     from linvit.bench import split_name, sweep, write_outputs
+    from linvit.utils import COMPILE_MODES
 
     for spec in [*models, *references]:
         split_name(spec)  # fail fast on an unknown variant
+    for mode in compiles:
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"--compile takes {', '.join(COMPILE_MODES)}, got {mode!r}")
+    if min(batches) < 1:
+        raise ValueError(f"--batch must be positive, got {batches}")
     if common["device"] == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda requested but torch sees no CUDA device")
-    extra = {"command": command, "settings": common}
+    extra = {"command": command, "settings": {**common, "batch": batches, "compile": compiles}}
     if ladder:
-        records, best = run_ladder(models, res[0], common, timeout, mem_limit)
+        if len(batches) > 1 or len(compiles) > 1:
+            raise ValueError("--ladder takes one --batch and one --compile mode")
+        records, best = run_ladder(models, res[0], dict(common, batch=batches[0], compile=compiles[0]), timeout,
+                                   mem_limit)  # fmt: skip
         extra["ladder_max_res"] = best
     else:
-        records = sweep(models, res, common, timeout, mem_limit)
+        records = sweep(models, res, common, timeout, mem_limit, batches=batches, compiles=compiles)
     slopes = write_outputs(records, Path(out), extra, references=references)
     print((Path(out) / "bench.md").read_text())
     for model, slope in slopes.items():
@@ -176,7 +191,15 @@ def _add_common_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="data-loading processes")
     p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    _add_compile_arg(p)
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra timm.create_model kwargs")
+
+
+def _add_compile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compile", choices=["off", "default", "reduce-overhead", "max-autotune"], default="off",
+        help="torch.compile the model (one static graph per input size; reduce-overhead adds CUDA graphs)",
+    )  # fmt: skip
 
 
 def _add_segment_args(p: argparse.ArgumentParser) -> None:
@@ -248,9 +271,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--models", type=_csv(str), default=None, help="comma list; 'name:variant', e.g. vit_4l_patch16_224:naive"
     )
-    p.add_argument("--suite", default=None, help="a recorded table of docs/benchmarks.md by name, or 'all'")
+    p.add_argument(
+        "--suite", default=None, help="a recorded table of docs/benchmarks.md by name, 'all' (CPU tables) or 'gpu'"
+    )
     p.add_argument("--res", type=_csv(int), default=[224, 512, 1024], help="comma list of square input sides")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument(
+        "--batch", type=_csv(int), default=None, help="comma list of batch sizes, e.g. 1,32 (latency and throughput)"
+    )
+    p.add_argument(
+        "--compile", type=_csv(str), default=None, metavar="MODES",
+        help="comma list of off|default|reduce-overhead|max-autotune (default off); compile time is recorded apart",
+    )  # fmt: skip
+    p.add_argument("--min-time", type=float, default=0.0, help="time each point for at least this many seconds")
+    p.add_argument("--dry-run", action="store_true", help="with --suite: every point at 32 px, one iteration")
     p.add_argument("--mode", choices=["infer", "train"], default="infer", help="forward only, or forward+backward")
     p.add_argument(
         "--task", choices=["classify", "segment"], default="classify",
@@ -330,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
     t.add_argument("--clip-grad", type=float, default=None)
     t.add_argument("--backbone-checkpoint", default=None, help="classification weights to start the backbone from")
+    _add_compile_arg(t)  # the training forward (fixed crops); evaluation sees images of many sizes and stays eager
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
     t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")

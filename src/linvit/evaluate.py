@@ -17,6 +17,7 @@ from tqdm import tqdm
 from .data import SafeImageFolder, collate_skip_none
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .models import WeightFormer, create_variant, weightformer
+from .utils import compile_model
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -126,7 +127,7 @@ def run_eval(args) -> dict:
         dataset = SafeImageFolder(root, transform=create_transform(**config, is_training=False))
         model.to(device)
         loader = eval_loader(dataset, args.batch_size, args.workers, rank, world)
-        metrics = evaluate(model, loader, device, args.amp, progress=rank == 0)
+        metrics = evaluate(compile_model(model, args.compile), loader, device, args.amp, progress=rank == 0)
         metrics.update(model=args.model, checkpoint=args.checkpoint, split=args.split, data=str(args.data))
         if rank == 0:
             print(f"top1 {metrics['top1']:.2f}  top5 {metrics['top5']:.2f}  loss {metrics['loss']:.4f}  "

@@ -32,6 +32,7 @@ from .data import SafeImageFolder, collate_skip_none
 from .distributed import all_reduce_sum, barrier, cleanup, init_distributed
 from .evaluate import autocast, check_num_classes, eval_loader, evaluate
 from .models import create_variant
+from .utils import compile_model
 
 CHECKPOINT = "last.pth"
 METRICS = "metrics.jsonl"
@@ -271,14 +272,15 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
         atomic_write_text(json.dumps(config, indent=2, default=str), output / "config.json")
         print(f"{args.model}: {sum(p.numel() for p in model.parameters()):,} params, {num_classes} classes, "
               f"{len(train_set)} train / {len(val_set)} val images, lr {lr:.3g}, world {world}")  # fmt: skip
+    train_net, eval_net = compile_model(ddp_model, args.compile), compile_model(model, args.compile)
     for epoch in range(start_epoch, args.epochs):
         seed_everything(args.seed + 1000 * epoch + rank)  # replayable on resume
         sampler.set_epoch(epoch)
         train_loss, seen, skipped, seconds = train_one_epoch(
-            ddp_model, loader, optimizer, scheduler, criterion, mixup, ema, scaler, epoch, args, device, rank
+            train_net, loader, optimizer, scheduler, criterion, mixup, ema, scaler, epoch, args, device, rank
         )
         scheduler.step(epoch + 1)
-        val = evaluate(model, val_loader, device, args.amp)
+        val = evaluate(eval_net, val_loader, device, args.amp)
         record = {
             "epoch": epoch, "train_loss": train_loss, "val_top1": val["top1"], "val_top5": val["top5"],
             "val_loss": val["loss"], "lr": optimizer.param_groups[0]["lr"], "epoch_seconds": seconds,

@@ -12,22 +12,41 @@ import sys
 import time
 import traceback
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 
 import linvit  # noqa: F401  (registers the models)
 
 from ..models.variants import create_any_size
+from ..utils import compile_model
 from .meters import EnergyMeter, PeakMemory, count_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DEFAULTS = {"batch": 1, "mode": "infer", "device": "cpu", "dtype": "fp32", "warmup": 1, "iters": 3, "task": "classify"}
+DEFAULTS = {
+    "batch": 1, "mode": "infer", "device": "cpu", "dtype": "fp32", "warmup": 1, "iters": 3, "task": "classify",
+    "compile": "off", "min_time_s": 0.0,
+}  # fmt: skip
 SEGMENT_CLASSES = 150  # ADE20K
 
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _timed(step, device: torch.device) -> float:
+    """Seconds one call of step takes: CUDA events on a GPU (device time, no host polling), else wall clock."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0
 
 
 def measure(spec: dict) -> dict:
@@ -54,40 +73,42 @@ def measure(spec: dict) -> dict:
         target_shape = (batch,)
     model = model.to(device)
     model.train(mode == "train")
+    runner = compile_model(model, spec["compile"])
     x = torch.randn(batch, 3, res, res, device=device)
     target = torch.randint(0, max(1, getattr(model, "num_classes", 1000)), target_shape, device=device)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
 
-    def step() -> None:
+    def step(net: torch.nn.Module = runner) -> None:
         if mode == "train":
             with autocast:
-                loss = torch.nn.functional.cross_entropy(model(x).float(), target)
+                loss = torch.nn.functional.cross_entropy(net(x).float(), target)
             loss.backward()
             model.zero_grad(set_to_none=True)
         else:
             with torch.inference_mode(), autocast:
-                model(x)
+                net(x)
 
     energy = EnergyMeter(device)
     times: list[float] = []
-    flops = None
+    flops = compile_s = None
     with PeakMemory(device) as mem:  # opens cold: a warmed-up allocator would hide the peak in reused memory
+        if spec["compile"] != "off":  # the first call compiles (and captures the CUDA graph): timed apart
+            compile_s = _timed(step, device)
         for _ in range(warmup):
             step()
         _sync(device)
         e0 = energy.joules()
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            step()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
+        clock = time.perf_counter()
+        while len(times) < iters or time.perf_counter() - clock < spec["min_time_s"]:  # long enough for NVML
+            times.append(_timed(step, device))
+        _sync(device)
         e1 = energy.joules()
-    if warmup:  # FLOPs from one more iteration, outside the memory window: the counter's dispatch mode
-        flops = count_flops(step)  # decomposes some ops (bilinear upsampling) into large temporaries
+    if warmup:  # FLOPs of the eager model from one more iteration, outside the memory window: the counter's
+        flops = count_flops(partial(step, model))  # dispatch mode decomposes some ops into large temporaries
     median = statistics.median(times)
     patch = getattr(getattr(getattr(model, "backbone", model), "patch_embed", None), "patch_size", (16, 16))
     return {
-        **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype", "task")},
+        **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype", "task", "compile")},
         "status": "ok",
         "reason": None,
         "tokens": (res // patch[0]) * (res // patch[1]),
@@ -97,13 +118,14 @@ def measure(spec: dict) -> dict:
         "latency_iqr_ms": (statistics.quantiles(times, n=4)[2] - statistics.quantiles(times, n=4)[0]) * 1e3
         if len(times) >= 2
         else 0.0,
-        "iters": iters,
+        "iters": len(times),
+        "compile_s": compile_s,
         "images_per_s": batch / median,
         "peak_mem_mb": mem.peak / 2**20,
         "peak_total_mb": mem.total / 2**20,
         "gflops": flops / 1e9 if flops is not None else None,
         "gflops_per_s": flops / 1e9 / median if flops is not None else None,
-        "energy_j_per_img": (e1 - e0) / (iters * batch) if e0 is not None else None,
+        "energy_j_per_img": (e1 - e0) / (len(times) * batch) if e0 is not None else None,
         "energy_reason": energy.reason,
         "params": sum(p.numel() for p in model.parameters()),
     }

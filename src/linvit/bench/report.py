@@ -10,9 +10,20 @@ from pathlib import Path
 import numpy as np
 
 COLUMNS = [
-    "model", "res", "tokens", "batch", "mode", "device", "dtype", "status", "latency_ms", "latency_iqr_ms",
-    "images_per_s", "peak_mem_mb", "peak_total_mb", "gflops", "gflops_per_s", "energy_j_per_img", "reason",
+    "model", "res", "tokens", "batch", "compile", "mode", "device", "dtype", "status", "latency_ms", "latency_iqr_ms",
+    "images_per_s", "peak_mem_mb", "peak_total_mb", "gflops", "gflops_per_s", "energy_j_per_img", "compile_s",
+    "reason",
 ]  # fmt: skip
+
+
+def series_label(record: dict) -> str:
+    """The line a point belongs to: the model, plus its batch and compile mode when not the defaults."""
+    label = record["model"]
+    if record.get("batch", 1) != 1:
+        label += f" b{record['batch']}"
+    if record.get("compile", "off") != "off":
+        label += f" [{record['compile']}]"
+    return label
 
 
 def fit_exponent(tokens: list[float], latency: list[float]) -> float | None:
@@ -27,9 +38,9 @@ def fit_exponent(tokens: list[float], latency: list[float]) -> float | None:
 def exponents(records: list[dict]) -> dict[str, float | None]:
     """Fitted latency-vs-tokens exponent per model over its successful points."""
     out = {}
-    for model in dict.fromkeys(r["model"] for r in records):
-        ok = [r for r in records if r["model"] == model and r["status"] == "ok"]
-        out[model] = fit_exponent([r["tokens"] for r in ok], [r["latency_ms"] for r in ok])
+    for label in dict.fromkeys(series_label(r) for r in records):
+        ok = [r for r in records if series_label(r) == label and r["status"] == "ok"]
+        out[label] = fit_exponent([r["tokens"] for r in ok], [r["latency_ms"] for r in ok])
     return out
 
 
@@ -42,10 +53,14 @@ def _fmt(value) -> str:
 
 
 def _speedup(record: dict, records: list[dict], reference: str | None) -> float | None:
-    """reference latency / this latency at the same resolution (None if either point failed)."""
+    """reference latency / this latency at the same resolution, batch and compile mode (None if either failed)."""
     if reference is None or record["status"] != "ok":
         return None
-    ref = [r for r in records if r["model"] == reference and r["res"] == record["res"] and r["status"] == "ok"]
+    same = ("res", "batch", "compile")
+    ref = [
+        r for r in records
+        if r["model"] == reference and r["status"] == "ok" and all(r.get(k) == record.get(k) for k in same)
+    ]  # fmt: skip
     return ref[0]["latency_ms"] / record["latency_ms"] if ref else None
 
 
@@ -53,15 +68,21 @@ def markdown_table(records: list[dict], references: list[str] | None = None) -> 
     """One row per point with latency, throughput, memory, GFLOPs, status (and speed-up vs each reference)."""
     references = references or []
     head = ["model", "res", "tokens", "status", "latency ms (IQR)", "img/s", "peak MB", "GFLOPs", "GFLOP/s", "J/img"]
+    varied = [k for k in ("batch", "compile") if len({r.get(k, 1 if k == "batch" else "off") for r in records}) > 1]
+    head[1:1] = varied
+    if any(r.get("compile_s") for r in records):
+        head.append("compile s")
     head += [f"speed-up vs `{ref}`" for ref in references]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         ok = r["status"] == "ok"
         status = r["status"] if ok else f"{r['status']}: {r.get('reason') or ''}"
         latency = f"{r['latency_ms']:.1f} ({r['latency_iqr_ms']:.1f})" if ok else "-"
-        cells = [f"`{r['model']}`", r["res"], r.get("tokens"), status, latency]
+        cells = [f"`{r['model']}`", *(r.get(k) for k in varied), r["res"], r.get("tokens"), status, latency]
         cells += [r.get(k) if ok else None for k in ("images_per_s", "peak_mem_mb", "gflops", "gflops_per_s")]
         cells.append(r.get("energy_j_per_img"))
+        if "compile s" in head:
+            cells.append(r.get("compile_s"))
         for ref in references:
             speedup = _speedup(r, records, ref)
             cells.append(None if speedup is None else f"{speedup:.2f}x")
@@ -74,7 +95,8 @@ def plot_lines(axes, records: list[dict]) -> None:
     from matplotlib.ticker import NullFormatter
 
     for model, slope in exponents(records).items():
-        ok = sorted((r for r in records if r["model"] == model and r["status"] == "ok"), key=lambda r: r["tokens"])
+        ok = [r for r in records if series_label(r) == model and r["status"] == "ok"]
+        ok = sorted(ok, key=lambda r: r["tokens"])
         if not ok:
             continue
         label = model if slope is None else f"{model} (slope {slope:.2f})"
@@ -103,9 +125,8 @@ def plot_scaling(records: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     plot_lines(axes, records)
     first = records[0] if records else {}
-    fig.suptitle(
-        f"linvit bench: {first.get('mode')} on {first.get('device')}, {first.get('dtype')}, batch {first.get('batch')}"
-    )
+    batches = ", ".join(str(b) for b in dict.fromkeys(r.get("batch") for r in records))
+    fig.suptitle(f"linvit bench: {first.get('mode')} on {first.get('device')}, {first.get('dtype')}, batch {batches}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

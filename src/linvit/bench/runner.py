@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from tqdm import tqdm
 
 from .meters import rss_bytes
+from .report import series_label
 
 
 def run_point(spec: dict, timeout: float | None = None, mem_limit_gb: float | None = None) -> dict:
@@ -69,13 +70,23 @@ def sweep(
     timeout: float | None = None,
     mem_limit_gb: float | None = None,
     progress: bool = True,
+    batches: Iterable[int] | None = None,
+    compiles: Iterable[str] | None = None,
 ) -> list[dict]:
-    """Every (model, resolution) point with the shared settings in ``common``."""
-    points = [dict(common, model=m, res=r) for m in models for r in resolutions]
+    """Every (model, compile mode, batch, resolution) point with the shared settings in ``common``.
+
+    ``batches`` / ``compiles`` default to common's single "batch" / "compile" value.
+    """
+    batches = list(batches or [common.get("batch", 1)])
+    compiles = list(compiles or [common.get("compile", "off")])
+    points = [
+        dict(common, model=m, res=r, batch=b, compile=c) for m in models for c in compiles for b in batches
+        for r in resolutions
+    ]  # fmt: skip
     records = []
     bar = tqdm(points, desc="bench", unit="point", disable=not progress)
     for spec in bar:
-        bar.set_postfix_str(f"{spec['model']} @ {spec['res']}")
+        bar.set_postfix_str(f"{series_label(spec)} @ {spec['res']}")
         records.append(run_point(spec, timeout, mem_limit_gb))
     return records
 

@@ -1,7 +1,8 @@
-"""The benchmark tables of docs/benchmarks.md as named suites: ``linvit bench --suite NAME|all --out DIR``.
+"""The benchmark tables of docs/benchmarks.md as named suites: ``linvit bench --suite NAME|all|gpu --out DIR``.
 
 Each suite is one sweep (or ladder) with fixed settings, so every recorded table is reproduced by one
-command and lands in DIR/<suite>/bench.{json,csv,md} + scaling.png.
+command and lands in DIR/<suite>/bench.{json,csv,md} + scaling.png. ``all`` runs the CPU tables, ``gpu``
+the ``gpu_*`` ones (bf16 on CUDA, batch 1 and 32, eager and CUDA-graph compiled; scripts/gpu_bench.sh).
 """
 
 from __future__ import annotations
@@ -40,9 +41,38 @@ SUITES: dict[str, dict] = {
         res=[512, 1024, 2048], iters=1, warmup=1, task="segment", mem_limit=20.0, timeout=1200,
         reference=["deit_tiny_patch16_224"],
     ),
-    # very high resolution with token-chunked inference
-    "highres": dict(
-        models=["linear_infvit_4l_patch16_224"], res=[9216], iters=1, warmup=0, timeout=3000,
-        model_kwargs={"token_chunk": 16384},
+    # very high resolution with no flags (token chunking is chosen automatically at this size)
+    "highres": dict(models=["linear_infvit_4l_patch16_224"], res=[9216, 16384], iters=1, warmup=0, timeout=3000),
+    # CPU: eager against compiled (inductor), batch 1
+    "compile4l": dict(
+        models=["vit_4l_patch16_224", "linear_infvit_4l_patch16_224", "katz_infvit_4l_patch16_224"], res=[224, 512],
+        compile=["off", "default"], iters=5, warmup=2, reference=["vit_4l_patch16_224"],
+    ),
+    "compile_wf": dict(
+        models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"], res=[224, 512], compile=["off", "default"],
+        iters=5, warmup=2, reference=["deit_tiny_patch16_224"],
+    ),
+    # GPU (scripts/gpu_bench.sh): bf16, batch 1 (latency) and 32 (throughput), eager and CUDA graphs
+    "gpu_family4l": dict(
+        models=["linear_infvit_4l_patch16_224", "vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
+        res=[512, 1024, 2048, 4096], batch=[1, 32], compile=["off", "reduce-overhead"], device="cuda", dtype="bf16",
+        iters=20, warmup=3, min_time=1.0, timeout=120, mem_limit=120.0,
+        reference=["vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
+    ),
+    "gpu_weightformer": dict(
+        models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"], res=[224, 512, 1024, 1248], batch=[1, 32],
+        compile=["off", "reduce-overhead"], device="cuda", dtype="bf16", iters=20, warmup=3, min_time=1.0,
+        timeout=120, mem_limit=120.0, reference=["deit_tiny_patch16_224"],
     ),
 }  # fmt: skip
+
+
+def suite_names(choice: str) -> list[str]:
+    """'all' -> the CPU suites, 'gpu' -> the gpu_* suites, else the one named (ValueError if unknown)."""
+    if choice == "all":
+        return [n for n in SUITES if not n.startswith("gpu_")]
+    if choice == "gpu":
+        return [n for n in SUITES if n.startswith("gpu_")]
+    if choice not in SUITES:
+        raise ValueError(f"unknown suite {choice!r}; choose from all, gpu, {', '.join(SUITES)}")
+    return [choice]

@@ -11,6 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
+from ..ops._common import autocast_dtype, no_autocast
+
 LINEAR_PREDICTORS = ("bilateral", "deep", "nonlinear", "linear", "gap")
 CONV_PREDICTORS = ("adaptive", "gap")
 
@@ -89,44 +91,89 @@ class DynamicLinear(nn.Module):
             trunc_normal_(self.wfm.weight, std=0.02)
             nn.init.zeros_(self.wfm.bias)
 
-    def factors(self, x: torch.Tensor, grid_size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """Left/right factors P (B, M, C_in), R (B, M, C_out) and the scale of P^T R."""
+    def pooled_tokens(self, x: torch.Tensor, grid_size: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        """The predictor's input and the token count it normalises by: the 2x2-average-pooled grid
+        (floor on odd sides, as nn.AvgPool2d(2)) as a view + mean of the token-major tensor, or the mean token."""
         B, N, C = x.shape
         H, W = grid_size
         if self.predictor == "gap":
-            pooled = x.mean(dim=1, keepdim=True)
-            norm = 1.0
-        else:
-            if H < 2 or W < 2:
-                raise ValueError(f"DynamicLinear pools 2x2 token windows; the {H}x{W} grid is too small")
-            grid = x.transpose(1, 2).reshape(B, C, H, W)
-            pooled = F.avg_pool2d(grid, 2).flatten(2).transpose(1, 2)  # floor, as nn.AvgPool2d(2)
-            norm = N
+            return x.mean(dim=1, keepdim=True), 1
+        if H < 2 or W < 2:
+            raise ValueError(f"DynamicLinear pools 2x2 token windows; the {H}x{W} grid is too small")
+        grid = x.reshape(B, H, W, C)[:, : H - H % 2, : W - W % 2]
+        windows = grid.unflatten(1, (H // 2, 2)).unflatten(3, (W // 2, 2))  # (B, H/2, 2, W/2, 2, C)
+        return windows.mean(dim=(2, 4)).flatten(1, 2), N
+
+    def correlation(self, x: torch.Tensor, grid_size: tuple[int, int]) -> tuple[torch.Tensor, float]:
+        """G = P^T R of shape (B, C_in, C_out) in float32 (float64 for float64 x) and s with dW^ = s G.
+
+        P = L A and R = S Z are low-rank products (bilateral: L = SiLU(Z1), A = w1, S = SiLU(Z2), Z = w2),
+        so G = A^T (L^T S) Z can also be formed core first: M r_in r_out + r_in C_out (r_out + C_in) work
+        instead of M (r_in C_in + r_out C_out + C_in C_out). The cheaper order for this token count is
+        taken (the release's at 224 px, the core-first one at high resolution); both equal up to rounding.
+        """
+        pooled, norm = self.pooled_tokens(x, grid_size)
+        left_map = right_map = None
         if self.predictor in ("bilateral", "gap"):
-            z1, z2 = self.wfm(pooled).split(self.split, dim=-1)
-            return F.silu(z1) @ self.w1, F.silu(z2) @ self.w2, self.scale / norm
-        if self.predictor == "deep":
-            return pooled, F.silu(self.wfm(pooled)) @ self.w2, self.scale / norm
-        right = pooled @ self.w2
-        return pooled, (F.silu(right) if self.predictor == "nonlinear" else right), self.scale / norm
+            left, right = F.silu(self.wfm(pooled)).split(self.split, dim=-1)
+            left_map, right_map = self.w1, self.w2
+        elif self.predictor == "deep":
+            left, right, right_map = pooled, F.silu(self.wfm(pooled)), self.w2
+        elif self.predictor == "linear":
+            left, right, right_map = pooled, pooled, self.w2
+        else:
+            left, right = pooled, F.silu(pooled @ self.w2)
+        return _low_rank_correlation(left, left_map, right, right_map), self.scale / norm
 
     def delta_weight(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
         """Per-sample dW of shape (B, C_in, C_out), after amplitude-direction normalisation."""
-        left, right, scale = self.factors(x, grid_size)
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32  # token sums in float32
-        with torch.autocast(x.device.type, enabled=False):
-            dw = (left.to(acc).transpose(1, 2) @ right.to(acc)) * scale
-            return amplitude_direction(dw, dim=-2)
+        g, scale = self.correlation(x, grid_size)
+        return g / (torch.linalg.vector_norm(g, dim=-2, keepdim=True) + 1.0 / scale)  # = amplitude_direction(s G)
 
     def forward(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
-        """x: (B, N, C_in) tokens of an H x W grid (row-major) -> (B, N, C_out)."""
+        """x: (B, N, C_in) tokens of an H x W grid (row-major) -> (B, N, C_out).
+
+        W0 + dW in one addcdiv, x W + b in one baddbmm with the bias in the activation dtype.
+        """
         _check_grid(x, grid_size, self.in_features)
-        weight = self.w + self.delta_weight(x, grid_size)  # (B, C_in, C_out)
-        out = x @ weight.to(x.dtype)
-        return out + self.b if self.b is not None else out
+        g, scale = self.correlation(x, grid_size)
+        with no_autocast(x):
+            denom = torch.linalg.vector_norm(g, dim=-2, keepdim=True) + 1.0 / scale  # dW = s G / (s ||G|| + 1)
+            weight = torch.addcdiv(self.w.to(g.dtype), g, denom)  # (B, C_in, C_out)
+        dtype = autocast_dtype(x) or x.dtype
+        x, weight = x.to(dtype), weight.to(dtype)
+        if self.b is None:
+            return torch.bmm(x, weight)
+        return torch.baddbmm(self.b.to(dtype), x, weight)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, predictor={self.predictor}"
+
+
+def _low_rank_correlation(
+    left: torch.Tensor, left_map: torch.Tensor | None, right: torch.Tensor, right_map: torch.Tensor | None
+) -> torch.Tensor:
+    """(left @ left_map)^T (right @ right_map), (B, M, a) x (a, C_in) and (B, M, b) x (b, C_out) -> (B, C_in, C_out),
+    in the cheaper association; the token sum accumulates in float32 (float64 for float64 inputs)."""
+    B, M, a = left.shape
+    b = right.shape[-1]
+    c_in = a if left_map is None else left_map.shape[-1]
+    c_out = b if right_map is None else right_map.shape[-1]
+    factors_first = M * (a * c_in * (left_map is not None) + b * c_out * (right_map is not None) + c_in * c_out)
+    core_first = M * a * b + a * c_out * b * (right_map is not None) + c_in * a * c_out * (left_map is not None)
+    acc = torch.float64 if left.dtype == torch.float64 else torch.float32
+    if factors_first <= core_first:  # maps applied per token (under autocast, as the release does)
+        p = left if left_map is None else left @ left_map
+        r = right if right_map is None else right @ right_map
+        with no_autocast(p):
+            return p.to(acc).transpose(1, 2) @ r.to(acc)
+    with no_autocast(left):
+        g = left.to(acc).transpose(1, 2) @ right.to(acc)  # (B, a, b)
+        if right_map is not None:
+            g = g @ right_map.to(acc)
+        if left_map is not None:
+            g = torch.bmm(left_map.to(acc).t().expand(B, -1, -1), g)  # no copy of the transposed map
+        return g
 
 
 class DynamicDWConv(nn.Module):
@@ -157,31 +204,32 @@ class DynamicDWConv(nn.Module):
         trunc_normal_(self.w, std=0.02)
         trunc_normal_(self.b, std=0.02)
 
-    def delta_kernel(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-sample dK of shape (B, C, k, k)."""
+    def _raw_delta(self, x: torch.Tensor) -> torch.Tensor:
         B, C, _, _ = x.shape
         k = self.kernel_size
         if self.predictor == "adaptive":
-            dk = self.wfm(F.adaptive_avg_pool2d(x, k))
-        else:
-            dk = self.wfm(x.mean(dim=(2, 3), keepdim=True)).reshape(B, C, k, k)
-        return amplitude_direction(dk, dim=(-2, -1))
+            return self.wfm(F.adaptive_avg_pool2d(x, k))
+        return self.wfm(x.mean(dim=(2, 3), keepdim=True)).reshape(B, C, k, k)
+
+    def delta_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-sample dK of shape (B, C, k, k)."""
+        return amplitude_direction(self._raw_delta(x), dim=(-2, -1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, C, H, W) -> (B, C, H, W), 'same' padding."""
+        """x: (B, C, H, W) -> (B, C, H, W), 'same' padding.
+
+        A channels-last x (the token-major grid viewed as NCHW) is convolved in place of layout at
+        batch 1; K0 + dK is one addcdiv, and the bias is passed as it is at batch 1.
+        """
         if x.dim() != 4 or x.shape[1] != self.dim:
             raise ValueError(f"expected (B, {self.dim}, H, W), got {tuple(x.shape)}")
         B, C, H, W = x.shape
-        kernel = (self.w[:, 0].unsqueeze(0) + self.delta_kernel(x)).reshape(
-            B * C, 1, self.kernel_size, self.kernel_size
-        )
-        out = F.conv2d(
-            x.reshape(1, B * C, H, W),
-            kernel.to(x.dtype),
-            self.b.repeat(B).to(x.dtype),
-            padding=self.kernel_size // 2,
-            groups=B * C,
-        )
+        k = self.kernel_size
+        raw = self._raw_delta(x)
+        denom = torch.linalg.vector_norm(raw, dim=(-2, -1), keepdim=True) + 1.0
+        kernel = torch.addcdiv(self.w.view(1, C, k, k), raw, denom).reshape(B * C, 1, k, k)
+        bias = self.b if B == 1 else self.b.repeat(B)
+        out = F.conv2d(x.reshape(1, B * C, H, W), kernel.to(x.dtype), bias.to(x.dtype), padding=k // 2, groups=B * C)
         return out.reshape(B, C, H, W)
 
 

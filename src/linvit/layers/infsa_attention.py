@@ -8,6 +8,7 @@ discount gamma = sigmoid(theta) that trains (the reference release freezes it th
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -15,7 +16,8 @@ import torch.nn.functional as F
 
 from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops._common import no_autocast
-from ..ops.infsa import l1_normalize
+from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
+from ..ops.katz import katz_features, katz_mixing, katz_token_sums
 
 
 class _InfSABase(nn.Module):
@@ -130,6 +132,7 @@ class LinearInfSAAttention(_InfSABase):
     def __init__(self, dim: int, num_heads: int = 8, *, fold_kv: bool = True, **kwargs):
         super().__init__(dim, num_heads, **kwargs)
         self.fold_kv = fold_kv
+        self._folded_cache: tuple | None = None
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
@@ -142,79 +145,114 @@ class LinearInfSAAttention(_InfSABase):
 
     def importance(self, x: torch.Tensor) -> torch.Tensor:
         """Token importance a of shape (B, H, N) for the (already normalised) block input x."""
-        q_key = self._soft_query_key([x])
+        weights = self.folded_weights()
+        q_key = self._query_key([x], weights)
         with no_autocast(x):
-            logits = self._key_logits(x.to(q_key.dtype), q_key)
-            return l1_normalize(torch.relu(logits), self.eps)
+            logits = self._key_logits(x.to(q_key.dtype), q_key, weights)
+            return l1_normalize(torch.relu(logits).transpose(1, 2), self.eps)
 
-    def _qkv_slices(self):
-        w_q, w_k, w_v = self.qkv.weight.chunk(3)
-        b_q, b_k, b_v = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None, None, None)
-        return w_q, w_k, w_v, b_q, b_k, b_v
+    def folded_weights(self) -> FoldedWeights:
+        """The folded path's per-head weights; derived once per parameter version at inference.
 
-    def _soft_query_key(self, chunks) -> torch.Tensor:
-        """Soft query over all chunks, pre-scaled for the key side: q_bar / sqrt(D), shape (B, H, D).
-
-        q_bar = sum_i e_i q~_i / (sum_i e_i + eps) is accumulated chunk by chunk (numerator and
-        denominator), so the Q projection never needs all tokens at once.
+        Derived (not views): W_k with b_k appended and divided by D (the soft query's key-side scale),
+        and gamma folded into W_v and b_v. Training and compiled graphs derive them every call, so
+        gradients flow and the graph stays pure.
         """
+        cacheable = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        if cacheable:
+            params = (self.qkv.weight, self.qkv.bias, self.theta)
+            key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params if p is not None)
+            if self._folded_cache is not None and self._folded_cache[0] == key:
+                return self._folded_cache[1]
         H, D = self.num_heads, self.head_dim
-        w_q, _, _, b_q, _, _ = self._qkv_slices()
+        C = self.qkv.in_features
+        w_q, w_k, w_v = self.qkv.weight.view(3, H, D, C).unbind(0)
+        b_q = b_k = b_v = None
+        if self.qkv.bias is not None:
+            b_q, b_k, b_v = self.qkv.bias.view(3, H, D).unbind(0)
+            w_k = torch.cat([w_k, b_k[..., None]], dim=-1)  # (H, D, C + 1): the bias as one more input
+        gamma = self.gamma.to(w_v.dtype)[:, None, None]
+        weights = FoldedWeights(
+            w_q=w_q.reshape(H * D, C),
+            b_q=None if b_q is None else b_q.reshape(H * D),
+            w_key=w_k / D,
+            w_value=(w_v * gamma).transpose(1, 2),  # (H, C, D)
+            b_value=None if b_v is None else b_v * gamma[..., 0],  # (H, D)
+        )
+        if cacheable:
+            self._folded_cache = (key, weights)
+        return weights
+
+    def _query_key(self, chunks, weights: FoldedWeights) -> torch.Tensor:
+        """Soft query over all chunks, sqrt(D) q_bar of shape (B, H, D) (the key side divides by D).
+
+        The soft query's two token sums are accumulated chunk by chunk, so the Q projection never
+        needs all tokens at once. Returned as sqrt(D) q_bar: the key side's 1/D sits in weights.w_key.
+        """
         num = den = None
         for xc in chunks:
             B, n, _ = xc.shape
-            q = F.linear(xc, w_q, b_q).reshape(B, n, H, D).transpose(1, 2)
-            qs = q.to(torch.float64 if q.dtype == torch.float64 else torch.float32) * D**-0.5
-            with no_autocast(qs):
-                energy = torch.linalg.vector_norm(qs, dim=-1)  # (B, H, n)
-                part_num, part_den = torch.einsum("bhn,bhnd->bhd", energy, qs), energy.sum(-1)
+            q = F.linear(xc, weights.w_q, weights.b_q).view(B, n, self.num_heads, self.head_dim)
+            part_num, part_den = soft_query_sums(q)
             num, den = (part_num, part_den) if num is None else (num + part_num, den + part_den)
-        return num / (den[..., None] + self.eps) * D**-0.5
+        return soft_query_from_sums(num, den, self.eps, scale=self.head_dim**-0.5)
 
-    def _key_logits(self, xa: torch.Tensor, q_key: torch.Tensor) -> torch.Tensor:
-        """q_bar . k~_j for every token of xa without projecting K: x_j . (W_k^T q_key) + b_k . q_key."""
-        H, D, C = self.num_heads, self.head_dim, xa.shape[-1]
-        _, w_k, _, _, b_k, _ = self._qkv_slices()
-        u = torch.einsum("bhd,hdc->bhc", q_key, w_k.to(q_key.dtype).reshape(H, D, C))
-        logits = torch.einsum("bnc,bhc->bhn", xa, u)
-        if b_k is not None:
-            logits = logits + torch.einsum("bhd,hd->bh", q_key, b_k.to(q_key.dtype).reshape(H, D))[..., None]
-        return logits
+    def _key_logits(self, xa: torch.Tensor, q_key: torch.Tensor, weights: FoldedWeights) -> torch.Tensor:
+        """q_bar . k~_j for every token of xa, shape (B, n, H), without projecting K: x_j . u + c.
+
+        u = W_k^T q_key and c = b_k . q_key come from one (H, B, D) x (H, D, C + 1) product.
+        """
+        C = xa.shape[-1]
+        u = torch.bmm(q_key.transpose(0, 1), weights.w_key).permute(1, 2, 0)  # (B, C or C + 1, H)
+        if u.shape[1] == C:
+            return torch.bmm(xa, u)
+        return torch.baddbmm(u[:, C:], xa, u[:, :C])
 
     def pooled_output(self, chunks) -> torch.Tensor:
         """The mixer output shared by every token, (B, 1, C), from a re-iterable of input chunks.
 
         Two streaming passes (soft query, then importance-weighted sums), with K and V folded:
-        z = gamma * (W_v sum_j a_j x_j + b_v sum_j a_j), a_j = ReLU(logit_j) / (sum_l ReLU(logit_l) + eps).
+        z = gamma * (W_v sum_j a_j x_j + b_v sum_j a_j) / (sum_j a_j + eps), a_j = ReLU(logit_j).
         Only O(B H C) state is kept between chunks, so memory is bounded by the chunk size.
         """
-        H, D = self.num_heads, self.head_dim
-        _, _, w_v, _, _, b_v = self._qkv_slices()
+        weights = self.folded_weights()
         first = next(iter(chunks))
         B, _, C = first.shape
-        q_key = self._soft_query_key(chunks)  # the Q projection itself may run under autocast
+        q_key = self._query_key(chunks, weights)  # the Q projection itself may run under autocast
+        dropout = self.training and self.attn_drop.p > 0
         with no_autocast(first):
-            acc = q_key.dtype
             total = mass = pooled_x = None
             for xc in chunks:
-                xa = xc.to(acc)
-                a = torch.relu(self._key_logits(xa, q_key))
-                kept = self.attn_drop(a) if self.training and self.attn_drop.p > 0 else a
-                parts = (a.sum(-1), kept.sum(-1), torch.einsum("bhn,bnc->bhc", kept, xa))
-                total, mass, pooled_x = (
-                    parts if total is None else (total + parts[0], mass + parts[1], pooled_x + parts[2])
-                )
-            scale = 1.0 / (total + self.eps)  # the L1 normalisation of a, applied once at the end
-            z = torch.einsum("bhc,hdc->bhd", pooled_x * scale[..., None], w_v.to(acc).reshape(H, D, C))
-            if b_v is not None:
-                z = z + (mass * scale)[..., None] * b_v.to(acc).reshape(H, D)
-            z = (self.gamma.to(acc)[:, None] * z).to(first.dtype).reshape(B, 1, C)
+                xa = xc.to(q_key.dtype)
+                a = torch.relu(self._key_logits(xa, q_key, weights))  # (B, n, H)
+                kept = self.attn_drop(a) if dropout else a
+                parts = (a.sum(1), kept.sum(1) if dropout else None, torch.bmm(kept.transpose(1, 2), xa))
+                if total is None:
+                    total, mass, pooled_x = parts
+                else:
+                    total, pooled_x = total + parts[0], pooled_x + parts[2]
+                    mass = mass + parts[1] if dropout else None
+            mass = mass if dropout else total
+            z = torch.bmm(pooled_x.transpose(0, 1), weights.w_value.to(pooled_x.dtype)).transpose(0, 1)  # (B, H, D)
+            if weights.b_value is not None:
+                z = torch.addcmul(z, mass[..., None], weights.b_value.to(z.dtype))
+            z = (z / (total + self.eps)[..., None]).to(first.dtype).reshape(B, 1, C)
         return self.proj(self.norm(z))
 
     def _forward_folded(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         y = self.pooled_output([x]).expand(B, N, C)  # identical rows: projected once per sample
         return self.proj_drop(y) if self.training and self.proj_drop.p > 0 else y
+
+
+class FoldedWeights(NamedTuple):
+    """Per-head weights of the folded Linear-InfSA path (see LinearInfSAAttention.folded_weights)."""
+
+    w_q: torch.Tensor  # (C, C)
+    b_q: torch.Tensor | None  # (C,)
+    w_key: torch.Tensor  # (H, D, C) or (H, D, C + 1) with b_k appended, divided by D
+    w_value: torch.Tensor  # (H, C, D): gamma * W_v, transposed per head
+    b_value: torch.Tensor | None  # (H, D): gamma * b_v
 
 
 class KatzInfSAAttention(_InfSABase):
@@ -235,3 +273,25 @@ class KatzInfSAAttention(_InfSABase):
             raise ValueError("Katz-InfSA works on low-rank factors; attention masks are not supported")
         q, k, v = self.project_qkv(x)
         return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.feature_map))
+
+    def streamed_mixing(self, chunks) -> torch.Tensor:
+        """First pass of the token-streamed form: X (B, H, d, D) from token sums accumulated over the
+        chunks, so that the layer's output for any tokens is streamed_output(x_tokens, X)."""
+        sums = None
+        for xc in chunks:
+            q, k, v = self.project_qkv(xc)
+            with no_autocast(v):
+                (fq, c2), (fk, _) = katz_features(q, self.feature_map), katz_features(k, self.feature_map)
+                part = katz_token_sums(fq, fk, v)
+            sums = part if sums is None else tuple(a + b for a, b in zip(sums, part, strict=True))
+        with no_autocast(sums[0]):
+            return katz_mixing(sums, self.gamma, self.eps, c2)
+
+    def streamed_output(self, x: torch.Tensor, mixing: torch.Tensor) -> torch.Tensor:
+        """Second pass: the layer's output (B, n, C) for the tokens x, given streamed_mixing of all tokens."""
+        B, n, C = x.shape
+        bias = None if self.qkv.bias is None else self.qkv.bias[:C]
+        q = self.q_norm(F.linear(x, self.qkv.weight[:C], bias).reshape(B, n, self.num_heads, -1).transpose(1, 2))
+        with no_autocast(q):
+            out = katz_features(q, self.feature_map)[0] @ mixing
+        return self.merge_heads(out.to(q.dtype))

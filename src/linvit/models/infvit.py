@@ -9,13 +9,19 @@ so forward_intermediates, features_only, grad checkpointing and checkpoint filte
 from __future__ import annotations
 
 import torch
-from timm.layers import Attention
+from timm.layers import Attention, resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from ._cfg import model_cfg
 from ._input import CheckedPatchEmbed
+
+# At inference, inputs of at least AUTO_CHUNK_MIN_TOKENS tokens (a 4096 x 4096 image at patch 16) run
+# token-chunked with AUTO_TOKEN_CHUNK tokens per chunk unless token_chunk says otherwise: at 9216 x 9216
+# the whole-tensor path of the 4-layer models needs ~16 GB, the chunked one a few N x C activations.
+AUTO_CHUNK_MIN_TOKENS = 2**16
+AUTO_TOKEN_CHUNK = 2**14
 
 MIXERS = {
     "softmax": Attention,
@@ -35,9 +41,11 @@ class InfViT(VisionTransformer):
         fold_kv: Linear-InfSA folds the K/V projections (identical outputs, fewer FLOPs).
         feature_map: Katz-InfSA's non-negative feature map, "relu" or "elu+1".
         check_finite: reject NaN/Inf inputs with a ValueError (one extra pass over the input).
-        token_chunk: at inference (no autograd), run token-wise work (norms, MLP, Linear-InfSA's
-            streaming passes) over this many tokens at a time, updating the residual stream in
-            place, so peak memory stays a small multiple of one N x C activation. None = off.
+        token_chunk: at inference (no autograd), run token-wise work (norms, MLP, Linear- and
+            Katz-InfSA's streaming passes) over this many tokens at a time, updating the residual
+            stream in place, so peak memory stays a small multiple of one N x C activation.
+            "auto" (default): AUTO_TOKEN_CHUNK from AUTO_CHUNK_MIN_TOKENS tokens on, else off;
+            None or 0 = off. Compiled and traced graphs always take the whole-tensor path.
         **kwargs: VisionTransformer arguments. dynamic_img_size defaults to True: these models are
             meant for any resolution, with position embeddings resampled to the token grid.
     """
@@ -50,7 +58,7 @@ class InfViT(VisionTransformer):
         fold_kv: bool = True,
         feature_map: str = "relu",
         check_finite: bool = False,
-        token_chunk: int | None = None,
+        token_chunk: int | str | None = "auto",
         **kwargs,
     ) -> None:
         if mixer not in MIXERS:
@@ -59,6 +67,7 @@ class InfViT(VisionTransformer):
         super().__init__(attn_layer=MIXERS[mixer], embed_layer=CheckedPatchEmbed, **kwargs)
         self.mixer = mixer
         self.token_chunk = token_chunk
+        self._pos_cache: tuple | None = None
         self.patch_embed.check_finite = check_finite
         for module in self.modules():
             if isinstance(module, PureInfSAAttention):
@@ -71,10 +80,48 @@ class InfViT(VisionTransformer):
                 module.gamma_init = gamma_init
                 module.reset_parameters()
 
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        """timm's position embedding, with the resampled table cached per grid size at inference.
+
+        timm resamples (bicubic) on every forward; at inference the table only changes with the grid,
+        so it is computed once per (grid, parameter version). Training and compiled graphs use timm's.
+        """
+        if not self.dynamic_img_size or self.pos_embed is None or torch.is_grad_enabled():
+            return super()._pos_embed(x)
+        if torch.compiler.is_compiling():
+            return super()._pos_embed(x)
+        B, H, W, C = x.shape
+        p = self.pos_embed
+        key = (H, W, p.data_ptr(), p._version, p.dtype, p.device)
+        if self._pos_cache is None or self._pos_cache[0] != key:
+            prefix = 0 if self.no_embed_class else self.num_prefix_tokens
+            grid = self.patch_embed.grid_size
+            self._pos_cache = (key, resample_abs_pos_embed(p, (H, W), grid, num_prefix_tokens=prefix))
+        pos = self._pos_cache[1]
+        x = x.view(B, H * W, C)
+        prefix_tokens = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        if self.no_embed_class:  # as timm: add, then prepend the prefix tokens (or prepend, then add)
+            x = x + pos
+        if prefix_tokens:
+            x = torch.cat([*prefix_tokens, x], dim=1)
+        if not self.no_embed_class:
+            x = x + pos
+        return self.pos_drop(x)
+
+    def token_chunk_for(self, images: torch.Tensor) -> int | None:
+        """Tokens per chunk for a forward of these images, None for the whole-tensor path."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return None
+        if self.token_chunk == "auto":
+            h, w = self.patch_embed.dynamic_feat_size(images.shape[-2:])
+            return AUTO_TOKEN_CHUNK if h * w >= AUTO_CHUNK_MIN_TOKENS else None
+        return self.token_chunk or None
+
     def forward_features(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
-        if not self.token_chunk or torch.is_grad_enabled() or attn_mask is not None or is_causal:
+        chunk = self.token_chunk_for(x)
+        if chunk is None or attn_mask is not None or is_causal:
             return super().forward_features(x, attn_mask=attn_mask, is_causal=is_causal)
-        return self._forward_features_chunked(x, self.token_chunk)
+        return self._forward_features_chunked(x, chunk)
 
     def _embed_chunked(self, images: torch.Tensor, chunk: int) -> torch.Tensor:
         """Patch embedding + position embedding with at most ~2 token-sized tensors alive.
@@ -122,6 +169,10 @@ class InfViT(VisionTransformer):
             attn = blk.attn
             if isinstance(attn, LinearInfSAAttention) and attn.fold_kv and isinstance(attn.k_norm, torch.nn.Identity):
                 x.add_(blk.ls1(attn.pooled_output(_Chunks(x, spans, blk.norm1))))  # (B, 1, C) broadcast
+            elif isinstance(attn, KatzInfSAAttention):
+                mixing = attn.streamed_mixing(_Chunks(x, spans, blk.norm1))  # pass 1 reads every token
+                for s, e in spans:  # pass 2: each span reads only its own rows, so it is updated in place
+                    x[:, s:e] += blk.ls1(attn.streamed_output(blk.norm1(x[:, s:e]), mixing))
             else:
                 x = x + blk.ls1(attn(blk.norm1(x)))
             for s, e in spans:
@@ -130,8 +181,8 @@ class InfViT(VisionTransformer):
             x[:, s:e] = self.norm(x[:, s:e])
         return x
 
-    def set_token_chunk(self, chunk: int | None) -> None:
-        """Enable (tokens per chunk) or disable (None) chunked inference; see the class docstring."""
+    def set_token_chunk(self, chunk: int | str | None) -> None:
+        """Tokens per chunk, "auto", or None (off) for inference; see the class docstring."""
         self.token_chunk = chunk
 
     def no_weight_decay(self) -> set[str]:

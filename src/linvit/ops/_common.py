@@ -34,8 +34,16 @@ def accumulation_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast computes matmuls in on t's device, or None when autocast is off (or unknown there)."""
+    device = t.device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return None
+
+
 def no_autocast(t: torch.Tensor):
     """Context that switches autocast off on t's device so our explicit dtypes are honoured."""
-    if torch.is_autocast_enabled(t.device.type):
+    if autocast_dtype(t) is not None:
         return torch.autocast(t.device.type, enabled=False)
     return contextlib.nullcontext()

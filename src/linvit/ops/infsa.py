@@ -129,19 +129,50 @@ def _pure_infsa_chunked(q, k, v, g, eps, block_size, mask, dropout_p):
     return torch.cat(outs, dim=2)
 
 
+def soft_query_sums(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two token sums behind the soft query, for token-major raw queries q of shape (B, N, H, D).
+
+    Returns num = sum_i ||q_i|| q_i of shape (B, H, D) and den = sum_i ||q_i|| of shape (B, H), in the
+    accumulation dtype. Q is read once in its own dtype (the GEMM accumulates in float32); no scaled or
+    float32 copy of it is written. The weighted sum is one (B, H, N) x (B, N, H*D) product whose
+    head-diagonal blocks are kept: H times the (tiny) FLOPs of a per-head sum, but no permuted copy of Q.
+    """
+    B, N, H, D = q.shape
+    acc = accumulation_dtype(q)
+    if q.dtype == torch.float16:
+        q = q.to(acc)  # float16's range would overflow in the product's output (bfloat16 has float32's range)
+    energy = torch.linalg.vector_norm(q, dim=-1, dtype=acc)  # (B, N, H)
+    if energy.dtype != q.dtype:
+        energy = energy.to(q.dtype)  # (B, N, H) only; the products below accumulate in float32
+    den = energy.sum(1, dtype=acc)
+    every_head = torch.bmm(energy.transpose(1, 2), q.reshape(B, N, H * D))  # (B, H, H*D)
+    num = every_head.view(B, H, H, D).diagonal(dim1=1, dim2=2).transpose(1, 2)  # (B, H, D)
+    return num.to(acc), den
+
+
+def soft_query_from_sums(num: torch.Tensor, den: torch.Tensor, eps: float = 1e-6, scale: float = 1.0) -> torch.Tensor:
+    """q_bar / scale from soft_query_sums: q_bar = sum_i e_i q~_i / (sum_i e_i + eps), q~ = q / sqrt(D), e_i = ||q~_i||.
+
+    The 1/sqrt(D) scales act on the (B, H) and (B, H, D) sums, not on Q: q_bar = num / (sqrt(D) (den + eps sqrt(D))).
+    """
+    root_d = math.sqrt(num.shape[-1])
+    denom = den + eps * root_d
+    if root_d * scale != 1.0:
+        denom = denom * (root_d * scale)
+    return num / denom[..., None]
+
+
 def soft_query(q: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Energy-weighted mean of the scaled queries: q_bar = sum_i (e_i / (sum_t e_t + eps)) q~_i, e_i = ||q~_i||.
 
     Args:
-        q: (B, H, N, D) raw queries (scaled by 1/sqrt(D) here, as in the release).
+        q: (B, H, N, D) raw queries (scaled by 1/sqrt(D) as in the release; the ReLU the release applies
+            to the non-negative energies is a no-op).
 
     Returns:
         (B, H, D) soft query in the accumulation dtype (float32 for half inputs).
     """
-    qs = _scaled(q.to(accumulation_dtype(q)))
-    energy = torch.relu(torch.linalg.vector_norm(qs, dim=-1))  # the release's ReLU on a norm is a no-op
-    alpha = energy / (energy.sum(dim=-1, keepdim=True) + eps)
-    return torch.einsum("bhn,bhnd->bhd", alpha, qs)
+    return soft_query_from_sums(*soft_query_sums(q.transpose(1, 2)), eps)
 
 
 def l1_normalize(a: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -32,17 +32,55 @@ def feature_map(t: torch.Tensor, kind: FeatureMap = "relu") -> torch.Tensor:
     raise ValueError(f"feature_map must be 'relu' or 'elu+1', got {kind!r}")
 
 
+def katz_features(t: torch.Tensor, kind: FeatureMap = "relu") -> tuple[torch.Tensor, float]:
+    """f and c^2 with phi(t) = c f, in the accumulation dtype.
+
+    ReLU is positively homogeneous, so its 1/sqrt(d) stays in the scalar c^2 = 1/d and the N-sized
+    factor is never rescaled; ELU + 1 is not, so there c = 1.
+    """
+    acc = accumulation_dtype(t)
+    if kind == "relu":
+        return torch.relu(t.to(acc)), 1.0 / t.shape[-1]
+    return feature_map(t.to(acc), kind), 1.0
+
+
+def _norm_ratio(gram_q: torch.Tensor, gram_k: torch.Tensor, eps: float, c2: float) -> torch.Tensor:
+    """r = c^2 / s with s = ||phi(Q) phi(K)^T||_F + eps = c^2 sqrt(sum(fq^T fq * fk^T fk)) + eps, (B, H, 1, 1)."""
+    return 1.0 / ((gram_q * gram_k).sum(dim=(-2, -1), keepdim=True).sqrt() + eps / c2)
+
+
 def _factors(q, k, eps, kind):
-    """phi(Q), phi(K) in the accumulation dtype and s = ||phi(Q) phi(K)^T||_F + eps, shape (B, H, 1, 1)."""
-    acc = accumulation_dtype(q)
-    fq, fk = feature_map(q.to(acc), kind), feature_map(k.to(acc), kind)
-    gram = (fq.transpose(-2, -1) @ fq) * (fk.transpose(-2, -1) @ fk)
-    s = gram.sum(dim=(-2, -1), keepdim=True).clamp_min(0).sqrt() + eps
-    return fq, fk, s
+    """fq, fk with phi = c f and r = c^2 / s, shape (B, H, 1, 1)."""
+    (fq, c2), (fk, _) = katz_features(q, kind), katz_features(k, kind)
+    return fq, fk, _norm_ratio(fq.transpose(-2, -1) @ fq, fk.transpose(-2, -1) @ fk, eps, c2)
 
 
-def _eye_minus(m: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    return torch.eye(m.shape[-1], dtype=m.dtype, device=m.device) - g * m
+def _eye_minus(m: torch.Tensor) -> torch.Tensor:
+    """I - m, written without materialising an identity matrix."""
+    out = -m
+    out.diagonal(dim1=-2, dim2=-1).add_(1.0)
+    return out
+
+
+def katz_token_sums(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The four d x d / d x D token sums Katz-InfSA needs: fq^T fq, fk^T fk, fk^T fq, fk^T v.
+
+    They add over token chunks, so a streaming pass can accumulate them chunk by chunk.
+    """
+    fkt = fk.transpose(-2, -1)
+    return fq.transpose(-2, -1) @ fq, fkt @ fk, fkt @ fq, fkt @ v.to(fq.dtype)
+
+
+def katz_mixing(sums: tuple[torch.Tensor, ...], gamma: GammaLike, eps: float, c2: float) -> torch.Tensor:
+    """X of shape (B, H, d, D) with sum_t gamma^t A^^t V = fq X, from katz_token_sums (phi = c f, c^2 = c2).
+
+    X = gamma c^2 / s (I - gamma c^2 / s fk^T fq)^{-1} fk^T V: every scale acts on a d x d or d x D matrix.
+    The solve reports no errors (no host synchronisation); the system is always invertible since
+    rho(gamma A^) <= gamma ||A^||_F < 1.
+    """
+    gram_q, gram_k, kq, kv = sums
+    gr = gamma_as_tensor(gamma, kq.shape[1], kq) * _norm_ratio(gram_q, gram_k, eps, c2)  # (B, H, 1, 1)
+    return torch.linalg.solve_ex(_eye_minus(kq * gr), kv * gr, check_errors=False)[0]
 
 
 def katz_infsa(
@@ -60,11 +98,8 @@ def katz_infsa(
     """
     check_qkv(q, k, v)
     with no_autocast(v):
-        fq, fk, s = _factors(q, k, eps, feature_map)
-        g = gamma_as_tensor(gamma, q.shape[1], fq)
-        m = (fk.transpose(-2, -1) @ fq) / s  # W^T U, (B, H, d, d)
-        rhs = (fk.transpose(-2, -1) @ v.to(fq.dtype)) / s  # W^T V with U's 1/sqrt(s) folded in: (B, H, d, D)
-        out = g * (fq @ torch.linalg.solve(_eye_minus(m, g), rhs))
+        (fq, c2), (fk, _) = katz_features(q, feature_map), katz_features(k, feature_map)
+        out = fq @ katz_mixing(katz_token_sums(fq, fk, v), gamma, eps, c2)
     return out.to(v.dtype)
 
 
@@ -73,11 +108,11 @@ def katz_centrality(
 ) -> torch.Tensor:
     """Katz in-centrality ((I - gamma A^)^{-1} - I)^T 1 of every token, shape (B, H, N)."""
     with no_autocast(q):
-        fq, fk, s = _factors(q, k, eps, feature_map)
-        g = gamma_as_tensor(gamma, q.shape[1], fq)
-        m = (fq.transpose(-2, -1) @ fk) / s  # U^T W
-        rhs = fq.sum(dim=-2, keepdim=True).transpose(-2, -1) / s  # U^T 1 (scaled), (B, H, d, 1)
-        return (g * (fk @ torch.linalg.solve(_eye_minus(m, g), rhs)))[..., 0]
+        fq, fk, r = _factors(q, k, eps, feature_map)
+        gr = gamma_as_tensor(gamma, q.shape[1], fq) * r
+        system = _eye_minus((fq.transpose(-2, -1) @ fk) * gr)  # I - gamma U^T W
+        rhs = fq.sum(dim=-2, keepdim=True).transpose(-2, -1) * gr  # gamma U^T 1 (scaled), (B, H, d, 1)
+        return (fk @ torch.linalg.solve_ex(system, rhs, check_errors=False)[0])[..., 0]
 
 
 def perron_vector(
@@ -89,8 +124,8 @@ def perron_vector(
     x = W u. Costs O(N d^2 + iters d^2). Tokens with phi(k) = 0 get exactly 0.
     """
     with no_autocast(q):
-        fq, fk, s = _factors(q, k, eps, feature_map)
-        p = (fq.transpose(-2, -1) @ fk) / s
+        fq, fk, r = _factors(q, k, eps, feature_map)
+        p = (fq.transpose(-2, -1) @ fk) * r
         p = p + torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
         u = torch.ones(*p.shape[:-1], 1, dtype=p.dtype, device=p.device)
         for _ in range(iters):

@@ -34,6 +34,7 @@ from ..train import (
     seed_everything,
     training_state,
 )  # fmt: skip
+from ..utils import compile_model
 from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
 from .metrics import confusion_matrix, scores
 from .model import Segmenter, create_segmenter
@@ -119,6 +120,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 \
         else model  # fmt: skip
+    ddp = compile_model(ddp, args.compile)
     if rank == 0:
         config = {**vars(args), "num_classes": split.num_classes, "class_names": split.class_names,
                   "layout": split.layout, "world_size": world, "device": str(device)}  # fmt: skip

@@ -1,0 +1,5 @@
+"""Utilities shared by the engines and applications (runtime helpers that hold no model math)."""
+
+from .compile import COMPILE_MODES, compile_model
+
+__all__ = ["COMPILE_MODES", "compile_model"]
