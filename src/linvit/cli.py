@@ -10,6 +10,8 @@ import sys
 
 def _cmd_models(args: argparse.Namespace) -> None:
     """Print linvit's registered models with parameter counts (and GMACs at --img-size with --macs)."""
+    from functools import partial
+
     import timm
     import torch
 
@@ -23,13 +25,18 @@ def _cmd_models(args: argparse.Namespace) -> None:
         model = timm.create_model(name).eval()
         row = {"model": name, "params": sum(p.numel() for p in model.parameters())}
         if args.macs:
-            from functools import partial
-
             from linvit.bench.meters import count_flops
 
             with torch.no_grad():
                 flops = count_flops(partial(model, torch.zeros(1, 3, args.img_size, args.img_size)))
             row[f"gmacs@{args.img_size}"] = round(flops / 2e9, 3)
+        if args.ops:
+            from linvit.bench.opcount import count_ops
+
+            x = torch.zeros(1, 3, args.img_size, args.img_size)
+            with torch.no_grad():
+                model(x)  # fills the inference caches (position table, folded weights)
+                row[f"ops@{args.img_size}"] = count_ops(partial(model, x)).total
         rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -263,7 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list registered models with parameter counts")
     p.add_argument("--filter", default="", help="wildcard filter, e.g. '*linear*'")
     p.add_argument("--macs", action="store_true", help="also count multiply-accumulates (torch flop counter)")
-    p.add_argument("--img-size", type=int, default=224, help="input side for --macs (default 224)")
+    p.add_argument(
+        "--ops", action="store_true", help="also count the ATen operators one inference forward launches (no_grad)"
+    )
+    p.add_argument("--img-size", type=int, default=224, help="input side for --macs and --ops (default 224)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_models)
 
