@@ -133,11 +133,10 @@ def test_batch_and_compile_are_sweep_dimensions(tmp_path):
         for m, ms in (("a", 1.0), ("ref", 4.0)) for c in ("off", "default") for b in (1, 32) for r in (64, 128)
     ]  # fmt: skip
     table = markdown_table(records, references=["ref"])
-    assert "| batch | compile |" in table.splitlines()[0].replace("model | ", "") and "compile s" in table
+    assert table.startswith("| model | batch | compile | res |") and "compile s" in table
     assert table.count("4.00x") == 8  # every point against the reference with the same batch and compile mode
-    assert set(exponents(records)) == {"a", "a b32", "a [default]", "a b32 [default]"} | {
-        "ref", "ref b32", "ref [default]", "ref b32 [default]"
-    }
+    series = {f"{m}{b}{c}" for m in ("a", "ref") for b in ("", " b32") for c in ("", " [default]")}
+    assert set(exponents(records)) == series
 
 
 def test_gpu_suite_dry_run_on_cpu(tmp_path):
@@ -150,3 +149,12 @@ def test_gpu_suite_dry_run_on_cpu(tmp_path):
         assert [p["status"] for p in points] == ["ok"] * len(SUITES[name]["models"])
         assert SUITES[name]["device"] == "cuda" and SUITES[name]["batch"] == [1, 32]
     assert "gpu_family4l" not in suite_names("all")
+
+
+def test_cli_compile_choices_are_the_library_modes():
+    from linvit.cli import build_parser
+    from linvit.utils import COMPILE_MODES
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    choices = next(a.choices for a in train._actions if a.dest == "compile")
+    assert tuple(choices) == COMPILE_MODES

@@ -101,7 +101,6 @@ def measure(spec: dict) -> dict:
         clock = time.perf_counter()
         while len(times) < iters or time.perf_counter() - clock < spec["min_time_s"]:  # long enough for NVML
             times.append(_timed(step, device))
-        _sync(device)
         e1 = energy.joules()
     if warmup:  # FLOPs of the eager model from one more iteration, outside the memory window: the counter's
         flops = count_flops(partial(step, model))  # dispatch mode decomposes some ops into large temporaries

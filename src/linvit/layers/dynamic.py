@@ -17,9 +17,14 @@ LINEAR_PREDICTORS = ("bilateral", "deep", "nonlinear", "linear", "gap")
 CONV_PREDICTORS = ("adaptive", "gap")
 
 
+def amplitude_denominator(raw: torch.Tensor, dim: int | tuple[int, ...], scale: float = 1.0) -> torch.Tensor:
+    """||raw|| + 1 / scale over ``dim``, so that raw / it = amplitude_direction(scale * raw)."""
+    return torch.linalg.vector_norm(raw, dim=dim, keepdim=True) + 1.0 / scale
+
+
 def amplitude_direction(dw: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     """dW / (||dW|| + 1) over ``dim``: keeps the direction, squashes the amplitude below 1."""
-    return dw / (torch.linalg.vector_norm(dw, dim=dim, keepdim=True) + 1.0)
+    return dw / amplitude_denominator(dw, dim)
 
 
 def _check_grid(x: torch.Tensor, grid_size: tuple[int, int], channels: int) -> tuple[int, int]:
@@ -128,7 +133,7 @@ class DynamicLinear(nn.Module):
     def delta_weight(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
         """Per-sample dW of shape (B, C_in, C_out), after amplitude-direction normalisation."""
         g, scale = self.correlation(x, grid_size)
-        return g / (torch.linalg.vector_norm(g, dim=-2, keepdim=True) + 1.0 / scale)  # = amplitude_direction(s G)
+        return g / amplitude_denominator(g, -2, scale)  # = amplitude_direction(s G)
 
     def forward(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
         """x: (B, N, C_in) tokens of an H x W grid (row-major) -> (B, N, C_out).
@@ -138,8 +143,7 @@ class DynamicLinear(nn.Module):
         _check_grid(x, grid_size, self.in_features)
         g, scale = self.correlation(x, grid_size)
         with no_autocast(x):
-            denom = torch.linalg.vector_norm(g, dim=-2, keepdim=True) + 1.0 / scale  # dW = s G / (s ||G|| + 1)
-            weight = torch.addcdiv(self.w.to(g.dtype), g, denom)  # (B, C_in, C_out)
+            weight = torch.addcdiv(self.w.to(g.dtype), g, amplitude_denominator(g, -2, scale))  # W0 + dW
         dtype = autocast_dtype(x) or x.dtype
         x, weight = x.to(dtype), weight.to(dtype)
         if self.b is None:
@@ -226,8 +230,8 @@ class DynamicDWConv(nn.Module):
         B, C, H, W = x.shape
         k = self.kernel_size
         raw = self._raw_delta(x)
-        denom = torch.linalg.vector_norm(raw, dim=(-2, -1), keepdim=True) + 1.0
-        kernel = torch.addcdiv(self.w.view(1, C, k, k), raw, denom).reshape(B * C, 1, k, k)
+        kernel = torch.addcdiv(self.w.view(1, C, k, k), raw, amplitude_denominator(raw, (-2, -1)))  # K0 + dK
+        kernel = kernel.reshape(B * C, 1, k, k)
         bias = self.b if B == 1 else self.b.repeat(B)
         out = F.conv2d(x.reshape(1, B * C, H, W), kernel.to(x.dtype), bias.to(x.dtype), padding=k // 2, groups=B * C)
         return out.reshape(B, C, H, W)

@@ -86,9 +86,7 @@ class InfViT(VisionTransformer):
         timm resamples (bicubic) on every forward; at inference the table only changes with the grid,
         so it is computed once per (grid, parameter version). Training and compiled graphs use timm's.
         """
-        if not self.dynamic_img_size or self.pos_embed is None or torch.is_grad_enabled():
-            return super()._pos_embed(x)
-        if torch.compiler.is_compiling():
+        if not self.dynamic_img_size or self.pos_embed is None or torch.is_grad_enabled() or _compiling():
             return super()._pos_embed(x)
         B, H, W, C = x.shape
         p = self.pos_embed
@@ -110,7 +108,7 @@ class InfViT(VisionTransformer):
 
     def token_chunk_for(self, images: torch.Tensor) -> int | None:
         """Tokens per chunk for a forward of these images, None for the whole-tensor path."""
-        if torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        if torch.is_grad_enabled() or _compiling():
             return None
         if self.token_chunk == "auto":
             h, w = self.patch_embed.dynamic_feat_size(images.shape[-2:])
@@ -189,6 +187,11 @@ class InfViT(VisionTransformer):
         """timm's set plus every discount parameter: decaying theta would pull gamma toward 0.5."""
         names = {n for n, _ in self.named_parameters() if n.endswith(".theta")}
         return super().no_weight_decay() | names
+
+
+def _compiling() -> bool:
+    """Inside torch.compile or a trace: stateful caches and size-dependent eager paths stay out."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 class _Chunks:

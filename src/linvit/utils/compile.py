@@ -1,9 +1,10 @@
 """torch.compile for linvit's commands: one static graph per (batch, resolution), CUDA graphs made safe.
 
 Every linvit family compiles as one graph without breaks (tests/test_compile.py), so eager Python and
-per-operator launches, which bound small-batch GPU latency, disappear. ``check_finite=True`` and token
-chunking are inference conveniences that stay eager: compile skips them (chunking turns off inside a
-compiled graph, so a compiled model at a very large input uses the whole-graph path).
+per-operator launches, which bound small-batch GPU latency, disappear. Two inference conveniences stay
+eager: token chunking turns off inside a compiled graph (a compiled model at a very large input takes the
+whole-tensor path), and ``check_finite=True`` reads the input on the host, which splits the graph in two
+(an error with fullgraph=True).
 """
 
 from __future__ import annotations
