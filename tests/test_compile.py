@@ -104,7 +104,7 @@ OP_BUDGETS = {  # name: (side, before, budget)
     "infvit_4l_patch16_224": (224, 97, 85),
     "linear_infvit_4l_patch16_224": (1024, 143, 97),
     "katz_infvit_4l_patch16_224": (1024, 139, 125),
-    "weightformer_tiny_patch16_224": (1248, 268, 226),
+    "weightformer_tiny_patch16_224": (1248, 268, 209),
 }
 
 

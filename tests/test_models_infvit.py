@@ -173,7 +173,7 @@ def test_token_chunk_is_inference_only():
 
 
 def test_auto_token_chunking_switches_on_for_large_inputs(monkeypatch):
-    from linvit.models import infvit
+    from linvit.models import _chunking
 
     model = timm.create_model("katz_infvit_tiny_patch16_224", num_classes=5, depth=2).eval()
     x = torch.randn(1, 3, 96, 128)  # 48 tokens
@@ -181,8 +181,8 @@ def test_auto_token_chunking_switches_on_for_large_inputs(monkeypatch):
     with torch.no_grad():
         assert model.token_chunk_for(x) is None
         whole = model(x)
-        monkeypatch.setattr(infvit, "AUTO_CHUNK_MIN_TOKENS", 48)
-        monkeypatch.setattr(infvit, "AUTO_TOKEN_CHUNK", 10)
+        monkeypatch.setattr(_chunking, "AUTO_CHUNK_MIN_TOKENS", 48)
+        monkeypatch.setattr(_chunking, "AUTO_TOKEN_CHUNK", 10)
         assert model.token_chunk_for(x) == 10
         torch.testing.assert_close(model(x), whole, rtol=1e-5, atol=1e-5)
     assert model.token_chunk_for(x) is None  # autograd on: never chunked

@@ -233,3 +233,33 @@ def test_model_rejects_bad_input(x, msg):
 
 def test_registered_with_linvit():
     assert set(WF_MODELS) <= set(linvit.list_models())
+
+
+@pytest.mark.parametrize("linear_predictor", ["bilateral", "gap", "linear"])
+@pytest.mark.parametrize("grid", [(7, 9), (8, 5)])  # odd rows: the last band has one row; odd columns
+def test_row_band_inference_equals_the_whole_map(linear_predictor, grid):
+    model = timm.create_model(
+        "weightformer_tiny_patch16_224", num_classes=4, depth=5, embed_dim=32, linear_predictor=linear_predictor
+    ).eval()
+    x = torch.randn(2, 3, grid[0] * 16, grid[1] * 16)
+    with torch.no_grad():
+        model.set_token_chunk(None)
+        whole = model(x)
+        for chunk in (1, 20, 10_000):  # bands of 2 rows (the minimum), of 2 or 4 rows, one band
+            model.set_token_chunk(chunk)
+            torch.testing.assert_close(model(x), whole, rtol=1e-5, atol=1e-5)
+    model.set_token_chunk(20)
+    model(x).sum().backward()  # autograd on: the ordinary path
+    assert model.blocks[1].linear1.w.grad is not None
+
+
+def test_residual_folded_into_the_depthwise_kernel():
+    torch.manual_seed(0)
+    conv = DynamicDWConv(8)
+    x = torch.randn(2, 8, 6, 7)
+    torch.testing.assert_close(conv(x, residual=True), x + conv(x), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # the derived kernel follows in-place updates of the parameter
+        first = conv(x, residual=True)
+        conv.w.add_(0.5)
+        assert not torch.allclose(conv(x, residual=True), first)
+        torch.testing.assert_close(conv(x, residual=True), x + conv(x), rtol=1e-5, atol=1e-6)

@@ -12,9 +12,19 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
 from ..ops._common import autocast_dtype, no_autocast
+from .derived import derived_at_inference
 
 LINEAR_PREDICTORS = ("bilateral", "deep", "nonlinear", "linear", "gap")
 CONV_PREDICTORS = ("adaptive", "gap")
+
+
+def with_identity_tap(kernel: torch.Tensor) -> torch.Tensor:
+    """A depthwise kernel (C, 1, k, k) plus the identity: conv(x, K + I) = x + conv(x, K) under zero padding,
+    since the centre tap always reads x itself. Folds a residual connection into the convolution."""
+    k = kernel.shape[-1]
+    out = kernel.clone()
+    out[..., k // 2, k // 2] += 1.0
+    return out
 
 
 def amplitude_denominator(raw: torch.Tensor, dim: int | tuple[int, ...], scale: float = 1.0) -> torch.Tensor:
@@ -109,6 +119,18 @@ class DynamicLinear(nn.Module):
         windows = grid.unflatten(1, (H // 2, 2)).unflatten(3, (W // 2, 2))  # (B, H/2, 2, W/2, 2, C)
         return windows.mean(dim=(2, 4)).flatten(1, 2), N
 
+    def pooled_bands(self, bands) -> tuple[torch.Tensor, int]:
+        """pooled_tokens of a grid streamed as row bands: (tokens (B, rows * W, C), (rows, W)) pairs, every band
+        but the last of an even number of rows, so the 2x2 windows never straddle two bands."""
+        parts, total, count = [], None, 0
+        for tokens, band_grid in bands:
+            count += tokens.shape[1]
+            if self.predictor == "gap":
+                total = tokens.sum(1, keepdim=True) if total is None else total + tokens.sum(1, keepdim=True)
+            elif band_grid[0] >= 2:  # a last band of one row falls to the floor, as in the whole grid
+                parts.append(self.pooled_tokens(tokens, band_grid)[0])
+        return (total / count, 1) if self.predictor == "gap" else (torch.cat(parts, dim=1), count)
+
     def correlation(self, x: torch.Tensor, grid_size: tuple[int, int]) -> tuple[torch.Tensor, float]:
         """G = P^T R of shape (B, C_in, C_out) in float32 (float64 for float64 x) and s with dW^ = s G.
 
@@ -117,7 +139,10 @@ class DynamicLinear(nn.Module):
         instead of M (r_in C_in + r_out C_out + C_in C_out). The cheaper order for this token count is
         taken (the release's at 224 px, the core-first one at high resolution); both equal up to rounding.
         """
-        pooled, norm = self.pooled_tokens(x, grid_size)
+        return self.correlation_of_pooled(*self.pooled_tokens(x, grid_size))
+
+    def correlation_of_pooled(self, pooled: torch.Tensor, norm: int) -> tuple[torch.Tensor, float]:
+        """correlation() from pooled_tokens' output (a streamed pass can pool band by band)."""
         left_map = right_map = None
         if self.predictor in ("bilateral", "gap"):
             left, right = F.silu(self.wfm(pooled)).split(self.split, dim=-1)
@@ -141,9 +166,15 @@ class DynamicLinear(nn.Module):
         W0 + dW in one addcdiv, x W + b in one baddbmm with the bias in the activation dtype.
         """
         _check_grid(x, grid_size, self.in_features)
-        g, scale = self.correlation(x, grid_size)
-        with no_autocast(x):
-            weight = torch.addcdiv(self.w.to(g.dtype), g, amplitude_denominator(g, -2, scale))  # W0 + dW
+        return self.apply_weight(x, self.dynamic_weight(*self.correlation(x, grid_size)))
+
+    def dynamic_weight(self, g: torch.Tensor, scale: float) -> torch.Tensor:
+        """W0 + dW, (B, C_in, C_out) in float32, from correlation(): one addcdiv."""
+        with no_autocast(g):
+            return torch.addcdiv(self.w.to(g.dtype), g, amplitude_denominator(g, -2, scale))
+
+    def apply_weight(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x W + b for tokens x (B, n, C_in) in the activation dtype (autocast's, when it is on)."""
         dtype = autocast_dtype(x) or x.dtype
         x, weight = x.to(dtype), weight.to(dtype)
         if self.b is None:
@@ -219,22 +250,27 @@ class DynamicDWConv(nn.Module):
         """Per-sample dK of shape (B, C, k, k)."""
         return amplitude_direction(self._raw_delta(x), dim=(-2, -1))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, C, H, W) -> (B, C, H, W), 'same' padding.
+    def forward(self, x: torch.Tensor, residual: bool = False) -> torch.Tensor:
+        """x: (B, C, H, W) -> (B, C, H, W), 'same' padding; with ``residual``, x + that, in the same conv.
 
         A channels-last x (the token-major grid viewed as NCHW) is convolved in place of layout at
-        batch 1; K0 + dK is one addcdiv, and the bias is passed as it is at batch 1.
+        batch 1; K0 (+ I) + dK is one addcdiv, and the bias is passed as it is at batch 1.
         """
         if x.dim() != 4 or x.shape[1] != self.dim:
             raise ValueError(f"expected (B, {self.dim}, H, W), got {tuple(x.shape)}")
         B, C, H, W = x.shape
         k = self.kernel_size
+        base = derived_at_inference(self, "_residual_kernel", (self.w,), lambda: with_identity_tap(self.w)) \
+            if residual else self.w  # fmt: skip
         raw = self._raw_delta(x)
-        kernel = torch.addcdiv(self.w.view(1, C, k, k), raw, amplitude_denominator(raw, (-2, -1)))  # K0 + dK
+        kernel = torch.addcdiv(base.view(1, C, k, k), raw, amplitude_denominator(raw, (-2, -1)))  # K0 + dK
         kernel = kernel.reshape(B * C, 1, k, k)
         bias = self.b if B == 1 else self.b.repeat(B)
         out = F.conv2d(x.reshape(1, B * C, H, W), kernel.to(x.dtype), bias.to(x.dtype), padding=k // 2, groups=B * C)
         return out.reshape(B, C, H, W)
 
 
-__all__ = ["DynamicLinear", "DynamicDWConv", "amplitude_direction", "LINEAR_PREDICTORS", "CONV_PREDICTORS"]
+__all__ = [
+    "DynamicLinear", "DynamicDWConv", "amplitude_direction", "with_identity_tap", "LINEAR_PREDICTORS",
+    "CONV_PREDICTORS",
+]  # fmt: skip

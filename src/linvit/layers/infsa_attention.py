@@ -18,6 +18,7 @@ from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops._common import no_autocast
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
 from ..ops.katz import katz_features, katz_mixing, katz_token_sums
+from .derived import derived_at_inference
 
 
 class _InfSABase(nn.Module):
@@ -132,7 +133,6 @@ class LinearInfSAAttention(_InfSABase):
     def __init__(self, dim: int, num_heads: int = 8, *, fold_kv: bool = True, **kwargs):
         super().__init__(dim, num_heads, **kwargs)
         self.fold_kv = fold_kv
-        self._folded_cache: tuple | None = None
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
@@ -158,12 +158,10 @@ class LinearInfSAAttention(_InfSABase):
         and gamma folded into W_v and b_v. Training and compiled graphs derive them every call, so
         gradients flow and the graph stays pure.
         """
-        cacheable = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        if cacheable:
-            params = (self.qkv.weight, self.qkv.bias, self.theta)
-            key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params if p is not None)
-            if self._folded_cache is not None and self._folded_cache[0] == key:
-                return self._folded_cache[1]
+        params = (self.qkv.weight, self.qkv.bias, self.theta)
+        return derived_at_inference(self, "_folded_cache", params, self._derive_folded_weights)
+
+    def _derive_folded_weights(self) -> FoldedWeights:
         H, D = self.num_heads, self.head_dim
         C = self.qkv.in_features
         w_q, w_k, w_v = self.qkv.weight.view(3, H, D, C).unbind(0)
@@ -172,16 +170,13 @@ class LinearInfSAAttention(_InfSABase):
             b_q, b_k, b_v = self.qkv.bias.view(3, H, D).unbind(0)
             w_k = torch.cat([w_k, b_k[..., None]], dim=-1)  # (H, D, C + 1): the bias as one more input
         gamma = self.gamma.to(w_v.dtype)[:, None, None]
-        weights = FoldedWeights(
+        return FoldedWeights(
             w_q=w_q.reshape(H * D, C),
             b_q=None if b_q is None else b_q.reshape(H * D),
             w_key=w_k / D,
             w_value=(w_v * gamma).transpose(1, 2),  # (H, C, D)
             b_value=None if b_v is None else b_v * gamma[..., 0],  # (H, D)
         )
-        if cacheable:
-            self._folded_cache = (key, weights)
-        return weights
 
     def _query_key(self, chunks, weights: FoldedWeights) -> torch.Tensor:
         """Soft query over all chunks, sqrt(D) q_bar of shape (B, H, D) (the key side divides by D).

@@ -14,14 +14,10 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from ..layers.derived import derived_at_inference, stateless_call
 from ._cfg import model_cfg
+from ._chunking import resolve_token_chunk
 from ._input import CheckedPatchEmbed
-
-# At inference, inputs of at least AUTO_CHUNK_MIN_TOKENS tokens (a 4096 x 4096 image at patch 16) run
-# token-chunked with AUTO_TOKEN_CHUNK tokens per chunk unless token_chunk says otherwise: at 9216 x 9216
-# the whole-tensor path of the 4-layer models needs ~16 GB, the chunked one a few N x C activations.
-AUTO_CHUNK_MIN_TOKENS = 2**16
-AUTO_TOKEN_CHUNK = 2**14
 
 MIXERS = {
     "softmax": Attention,
@@ -67,7 +63,6 @@ class InfViT(VisionTransformer):
         super().__init__(attn_layer=MIXERS[mixer], embed_layer=CheckedPatchEmbed, **kwargs)
         self.mixer = mixer
         self.token_chunk = token_chunk
-        self._pos_cache: tuple | None = None
         self.patch_embed.check_finite = check_finite
         for module in self.modules():
             if isinstance(module, PureInfSAAttention):
@@ -86,16 +81,15 @@ class InfViT(VisionTransformer):
         timm resamples (bicubic) on every forward; at inference the table only changes with the grid,
         so it is computed once per (grid, parameter version). Training and compiled graphs use timm's.
         """
-        if not self.dynamic_img_size or self.pos_embed is None or torch.is_grad_enabled() or _compiling():
+        if not self.dynamic_img_size or self.pos_embed is None or torch.is_grad_enabled() or stateless_call():
             return super()._pos_embed(x)
         B, H, W, C = x.shape
-        p = self.pos_embed
-        key = (H, W, p.data_ptr(), p._version, p.dtype, p.device)
-        if self._pos_cache is None or self._pos_cache[0] != key:
-            prefix = 0 if self.no_embed_class else self.num_prefix_tokens
-            grid = self.patch_embed.grid_size
-            self._pos_cache = (key, resample_abs_pos_embed(p, (H, W), grid, num_prefix_tokens=prefix))
-        pos = self._pos_cache[1]
+        prefix = 0 if self.no_embed_class else self.num_prefix_tokens
+        grid = self.patch_embed.grid_size
+        pos = derived_at_inference(
+            self, "_pos_cache", (self.pos_embed,),
+            lambda: resample_abs_pos_embed(self.pos_embed, (H, W), grid, num_prefix_tokens=prefix), extra=(H, W),
+        )  # fmt: skip
         x = x.view(B, H * W, C)
         prefix_tokens = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if self.no_embed_class:  # as timm: add, then prepend the prefix tokens (or prepend, then add)
@@ -108,12 +102,8 @@ class InfViT(VisionTransformer):
 
     def token_chunk_for(self, images: torch.Tensor) -> int | None:
         """Tokens per chunk for a forward of these images, None for the whole-tensor path."""
-        if torch.is_grad_enabled() or _compiling():
-            return None
-        if self.token_chunk == "auto":
-            h, w = self.patch_embed.dynamic_feat_size(images.shape[-2:])
-            return AUTO_TOKEN_CHUNK if h * w >= AUTO_CHUNK_MIN_TOKENS else None
-        return self.token_chunk or None
+        h, w = self.patch_embed.dynamic_feat_size(images.shape[-2:])
+        return resolve_token_chunk(self.token_chunk, h * w)
 
     def forward_features(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
         chunk = self.token_chunk_for(x)
@@ -187,11 +177,6 @@ class InfViT(VisionTransformer):
         """timm's set plus every discount parameter: decaying theta would pull gamma toward 0.5."""
         names = {n for n, _ in self.named_parameters() if n.endswith(".theta")}
         return super().no_weight_decay() | names
-
-
-def _compiling() -> bool:
-    """Inside torch.compile or a trace: stateful caches and size-dependent eager paths stay out."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 class _Chunks:

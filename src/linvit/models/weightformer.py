@@ -12,13 +12,17 @@ from functools import partial
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import DropPath, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DynamicDWConv, DynamicLinear
+from ..layers.derived import derived_at_inference
+from ..layers.dynamic import with_identity_tap
 from ._cfg import model_cfg
+from ._chunking import resolve_token_chunk
 from ._input import CheckedPatchEmbed
 
 LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)  # the release's LayerNorm
@@ -68,11 +72,44 @@ class WeightFormerBlock(nn.Module):
         x = self.linear1(x, grid_size) if self.dynamic else self.linear1(x)
         return self.drop(self.linear2(self.drop(self.act(x))))
 
+    def token_mixing(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
+        """x + DWConv(x) as one convolution: the residual is folded into the kernel's centre tap."""
+        grid = _to_map(x, grid_size)  # a channels-last view, no copy
+        if self.dynamic:
+            out = self.dwc(grid, residual=True)
+        else:
+            conv = self.dwc
+            kernel = derived_at_inference(
+                self, "_residual_kernel", (conv.weight,), lambda: with_identity_tap(conv.weight)
+            )
+            out = F.conv2d(grid, kernel, conv.bias, padding=conv.padding, groups=conv.groups)
+        return out.flatten(2).transpose(1, 2)
+
     def forward(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
         if self.dynamic:
             x = self.norm1(x)
-        x = x + self.dwc(_to_map(x, grid_size)).flatten(2).transpose(1, 2)
+        x = self.token_mixing(x, grid_size)
         return x + self.drop_path(self.mlp(self.norm2(x), grid_size))
+
+    @torch.no_grad()
+    def forward_chunked(self, x: torch.Tensor, grid_size: tuple[int, int], band_rows: int) -> torch.Tensor:
+        """Inference over row bands of ``band_rows`` (even) grid rows: norms and the MLP run band by band and
+        update the residual stream in place; the 3x3 convolution sees the whole map (one N x C output).
+        The dynamic MLP's weight comes from a first pass that pools normalised bands."""
+        H, W = grid_size
+        bands = [(r * W, min(H, r + band_rows) * W, (min(H, r + band_rows) - r, W)) for r in range(0, H, band_rows)]
+        if self.dynamic:
+            for s, e, _ in bands:
+                x[:, s:e] = self.norm1(x[:, s:e])
+        x = self.token_mixing(x, grid_size)
+        if self.dynamic:
+            pooled = self.linear1.pooled_bands((self.norm2(x[:, s:e]), g) for s, e, g in bands)
+            weight = self.linear1.dynamic_weight(*self.linear1.correlation_of_pooled(*pooled))
+        for s, e, _ in bands:
+            h = self.norm2(x[:, s:e])
+            h = self.linear1.apply_weight(h, weight) if self.dynamic else self.linear1(h)
+            x[:, s:e] += self.linear2(self.act(h))
+        return x
 
 
 class WeightFormer(nn.Module):
@@ -84,6 +121,8 @@ class WeightFormer(nn.Module):
         dynamic_blocks: explicit indices of dynamic blocks (overrides dynamic_interval).
         linear_predictor / conv_predictor: predictor families of the dynamic layers (ablations).
         check_finite: reject NaN/Inf inputs with a ValueError.
+        token_chunk: at inference, norms and MLPs run over row bands of about this many tokens with the
+            residual stream updated in place; "auto" (default) from 65,536 tokens on, None or 0 = off.
     """
 
     def __init__(
@@ -104,6 +143,7 @@ class WeightFormer(nn.Module):
         global_pool: str = "avg",
         dynamic_img_pad: bool = False,
         check_finite: bool = False,
+        token_chunk: int | str | None = "auto",
     ) -> None:
         super().__init__()
         if global_pool not in ("avg", ""):
@@ -119,6 +159,7 @@ class WeightFormer(nn.Module):
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 0
         self.grad_checkpointing = False
+        self.token_chunk = token_chunk
         self.patch_embed = CheckedPatchEmbed(
             img_size=img_size,
             patch_size=patch_size,
@@ -197,9 +238,25 @@ class WeightFormer(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) -> normalised tokens (B, N, C)."""
         x, grid_size = self._embed(x)
+        chunk = resolve_token_chunk(self.token_chunk, x.shape[1])
+        if chunk is not None:
+            return self._forward_features_chunked(x, grid_size, chunk)
         for blk in self.blocks:
             x = self._run_block(blk, x, grid_size)
         return self.norm(x)
+
+    @torch.no_grad()
+    def _forward_features_chunked(self, x: torch.Tensor, grid_size: tuple[int, int], chunk: int) -> torch.Tensor:
+        band_rows = max(2, chunk // grid_size[1] // 2 * 2)  # even, so 2x2 pooling windows stay in one band
+        for blk in self.blocks:
+            x = blk.forward_chunked(x, grid_size, band_rows)
+        for s in range(0, x.shape[1], band_rows * grid_size[1]):
+            x[:, s : s + band_rows * grid_size[1]] = self.norm(x[:, s : s + band_rows * grid_size[1]])
+        return x
+
+    def set_token_chunk(self, chunk: int | str | None) -> None:
+        """Tokens per chunk, "auto", or None (off) for inference; see the class docstring."""
+        self.token_chunk = chunk
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == "avg":
