@@ -55,6 +55,25 @@ def _csv(kind):
     return parse
 
 
+def _count(minimum: int):
+    """argparse type: an integer of at least ``minimum`` (epochs, batch sizes, workers, ...)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+POSITIVE, NON_NEGATIVE = _count(1), _count(0)
+
+
 def _parse_kwargs(pairs: list[str]) -> dict:
     """['k=v', ...] -> {k: v} with v parsed as JSON when possible (numbers, true/false), else a string."""
     out = {}
@@ -182,9 +201,9 @@ def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
     p.add_argument("--split", default="val")
     p.add_argument("--model", required=True)
     p.add_argument("--checkpoint", default=None, help="weights (.pth/.safetensors); default: random init")
-    p.add_argument("--img-size", type=int, default=None)
+    p.add_argument("--img-size", type=POSITIVE, default=None)
     p.add_argument("--crop-pct", type=float, default=None)
-    p.add_argument("--limit", type=int, default=limit, help="images used (spread evenly over the split)")
+    p.add_argument("--limit", type=POSITIVE, default=limit, help="images used (spread evenly over the split)")
     p.add_argument("--seed", type=int, default=0, help="seed for the model's initialisation (without --checkpoint)")
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V")
 
@@ -192,10 +211,10 @@ def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
 def _add_common_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="root of an ImageNet-layout folder (DIR/<split>/<class>/*)")
     p.add_argument("--model", required=True, help="registered model name, optionally with a :variant suffix")
-    p.add_argument("--img-size", type=int, default=None, help="input side (default: the model's)")
+    p.add_argument("--img-size", type=POSITIVE, default=None, help="input side (default: the model's)")
     p.add_argument("--crop-pct", type=float, default=None, help="eval centre-crop fraction (default: the model's)")
-    p.add_argument("--batch-size", type=int, default=64, help="images per process")
-    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="data-loading processes")
+    p.add_argument("--batch-size", type=POSITIVE, default=64, help="images per process")
+    p.add_argument("--workers", type=NON_NEGATIVE, default=min(4, os.cpu_count() or 1), help="data-loading processes")
     p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     _add_compile_arg(p)
@@ -212,13 +231,13 @@ def _add_compile_arg(p: argparse.ArgumentParser) -> None:
 def _add_segment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="ADE20K folder (images/, annotations/) or a folder with masks/")
     p.add_argument("--model", required=True, help="backbone: any registered linvit or timm ViT name")
-    p.add_argument("--img-size", type=int, default=None, help="evaluation: resize the shorter side to this")
-    p.add_argument("--batch-size", type=int, default=8, help="images per process")
-    p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="data-loading processes")
+    p.add_argument("--img-size", type=POSITIVE, default=None, help="evaluation: resize the shorter side to this")
+    p.add_argument("--batch-size", type=POSITIVE, default=8, help="images per process")
+    p.add_argument("--workers", type=NON_NEGATIVE, default=min(4, os.cpu_count() or 1), help="data-loading processes")
     p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--pyramid-channels", type=int, default=256)
-    p.add_argument("--head-channels", type=int, default=128)
+    p.add_argument("--pyramid-channels", type=POSITIVE, default=256)
+    p.add_argument("--head-channels", type=POSITIVE, default=128)
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra backbone kwargs")
 
 
@@ -232,12 +251,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
     p.add_argument("--train-split", default="train")
     p.add_argument("--val-split", default="val")
-    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--epochs", type=POSITIVE, default=300)
     p.add_argument("--lr", type=float, default=None, help="absolute learning rate (default: base-lr * batch / 512)")
     p.add_argument("--base-lr", type=float, default=5e-4, help="learning rate per 512 images of global batch")
     p.add_argument("--min-lr", type=float, default=1e-5)
     p.add_argument("--warmup-lr", type=float, default=1e-6)
-    p.add_argument("--warmup-epochs", type=int, default=5)
+    p.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=5)
     p.add_argument("--opt", default="adamw", help="timm optimizer name")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--drop-path", type=float, default=0.1, help="stochastic depth rate")
@@ -273,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ops", action="store_true", help="also count the ATen operators one inference forward launches (no_grad)"
     )
-    p.add_argument("--img-size", type=int, default=224, help="input side for --macs and --ops (default 224)")
+    p.add_argument("--img-size", type=POSITIVE, default=224, help="input side for --macs and --ops (default 224)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_models)
 
@@ -302,9 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="non-fp32 runs under autocast")
     p.add_argument(
-        "--warmup", type=int, default=1, help="untimed iterations (the first counts FLOPs; 0 = no warm-up, no FLOPs)"
+        "--warmup",
+        type=NON_NEGATIVE,
+        default=1,
+        help="untimed iterations (the first counts FLOPs; 0 = no warm-up, no FLOPs)",
     )
-    p.add_argument("--iters", type=int, default=5, help="timed iterations")
+    p.add_argument("--iters", type=POSITIVE, default=5, help="timed iterations")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per point before it is recorded as timeout")
     p.add_argument("--mem-limit", type=float, default=None, help="GB per point; above it the point is 'oom'")
     p.add_argument("--ladder", action="store_true", help="per model, double the first --res until a point fails")
@@ -318,8 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = data_sub.add_parser("cluttered-mnist", help="MNIST digits on a cluttered canvas, with boxes.json")
     d.add_argument("--out", required=True)
     d.add_argument("--canvas", type=int, default=64, help="canvas side in pixels (>= 28)")
-    d.add_argument("--per-class-train", type=int, default=300)
-    d.add_argument("--per-class-val", type=int, default=100)
+    d.add_argument("--per-class-train", type=POSITIVE, default=300)
+    d.add_argument("--per-class-val", type=POSITIVE, default=100)
     d.add_argument("--clutter", type=int, default=4, help="clutter fragments per image")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=_cmd_data)
@@ -340,15 +362,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--boxes", default=None, help="boxes.json or a folder of VOC XML files (default DATA/boxes.json)")
     p.add_argument("--method", default=None, help="linear|column|katz|perron|cls|rollout|grad (default: the model's)")
     p.add_argument("--layer", default="mean", help="layer index or 'mean'")
-    p.add_argument("--steps", type=int, default=10, help="perturbation steps")
+    p.add_argument("--steps", type=POSITIVE, default=10, help="perturbation steps")
     p.add_argument("--tolerance", type=float, default=15.0, help="pointing-game tolerance in pixels")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=POSITIVE, default=16)
     p.add_argument("--out", required=True)
     p.set_defaults(func=_runner("explain.run", "run_explain", _layer_arg))
 
     p = sub.add_parser("spectral", help="Linear-InfSA importance vs the Perron vector, spectral radius, truncation gap")
     _add_analysis_args(p, limit=8)
-    p.add_argument("--depth", type=int, default=None, help="series truncation depth (default: number of InfSA layers)")
+    p.add_argument(
+        "--depth", type=POSITIVE, default=None, help="series truncation depth (default: number of InfSA layers)"
+    )
     p.add_argument("--out", required=True, help="JSON file")
     p.set_defaults(func=_runner("explain.run", "run_spectral"))
 
@@ -364,10 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
     t.add_argument("--train-split", default="train")
     t.add_argument("--val-split", default="val")
-    t.add_argument("--epochs", type=int, default=50)
+    t.add_argument("--epochs", type=POSITIVE, default=50)
     t.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (per-iteration cosine schedule)")
     t.add_argument("--weight-decay", type=float, default=0.05)
-    t.add_argument("--warmup-epochs", type=int, default=1)
+    t.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
     t.add_argument("--crop-size", type=int, nargs="+", default=[512], metavar="PX", help="training crop: S or H W")
     t.add_argument("--scale", type=float, nargs=2, default=[0.5, 2.0], help="random resize range (x the crop side)")
     t.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
@@ -382,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_segment_args(e)
     e.add_argument("--split", default="val")
     e.add_argument("--checkpoint", default=None, help="segmenter weights (.safetensors/.pth from segment train)")
-    e.add_argument("--flops-at", type=int, default=None, metavar="PX", help="also count GMACs at PX x PX")
+    e.add_argument("--flops-at", type=POSITIVE, default=None, metavar="PX", help="also count GMACs at PX x PX")
     e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))
 

@@ -32,7 +32,7 @@ from .data import SafeImageFolder, collate_skip_none
 from .distributed import all_reduce_sum, barrier, cleanup, init_distributed
 from .evaluate import autocast, check_num_classes, eval_loader, evaluate
 from .models import create_variant
-from .utils import compile_model
+from .utils import compile_model, output_dir
 
 CHECKPOINT = "last.pth"
 METRICS = "metrics.jsonl"
@@ -95,7 +95,16 @@ def resume_run(output: Path, resume: str | None, model, optimizer, scheduler, em
     path = find_resume(output, resume)
     if path is None:
         return 0, []
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        missing = {"model", "optimizer", "scheduler", "epoch", "rng"} - set(ckpt)
+    except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign files all end here
+        raise ValueError(
+            f"cannot resume from {path}: the file is damaged or not a linvit checkpoint ({type(err).__name__}); "
+            f"delete it to start the run over, or pass --resume with another checkpoint"
+        ) from err
+    if missing:
+        raise ValueError(f"cannot resume from {path}: not a linvit training checkpoint (no {sorted(missing)})")
     check_num_classes(model, ckpt["model"], path)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
@@ -220,7 +229,7 @@ def run_train(args) -> list[dict]:
 def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     output = Path(args.output)
     if rank == 0:
-        output.mkdir(parents=True, exist_ok=True)
+        output_dir(output)
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(args.seed)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..utils.paths import output_dir
+
 COLUMNS = [
     "model", "res", "tokens", "batch", "compile", "mode", "device", "dtype", "status", "latency_ms", "latency_iqr_ms",
     "images_per_s", "peak_mem_mb", "peak_total_mb", "gflops", "gflops_per_s", "energy_j_per_img", "compile_s",
@@ -136,7 +138,7 @@ def write_outputs(
     records: list[dict], out: Path, extra: dict | None = None, references: list[str] | None = None
 ) -> dict[str, float | None]:
     """Write bench.json, bench.csv, bench.md and scaling.png into out; returns the exponents."""
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out)
     slopes = exponents(records)
     (out / "bench.json").write_text(json.dumps({"points": records, "exponents": slopes, **(extra or {})}, indent=2))
     with open(out / "bench.csv", "w", newline="") as f:

@@ -40,8 +40,21 @@ def load_boxes(source: str | Path) -> Boxes:
         return dict(read_voc_xml(f) for f in files)
     if not source.is_file():
         raise ValueError(f"{source}: no such boxes file or folder")
-    with open(source) as f:
-        return {k: [list(map(float, b)) for b in v] for k, v in json.load(f).items()}
+    try:
+        raw = json.loads(source.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{source}: not a JSON file ({err})") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: expected an object {{image: [[xmin, ymin, xmax, ymax], ...]}}")
+    boxes = {}
+    for key, value in raw.items():
+        try:
+            boxes[key] = [[float(c) for c in box] for box in value]
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{source}: entry {key!r} is not a list of [xmin, ymin, xmax, ymax]: {value!r}") from err
+        if any(len(box) != 4 for box in boxes[key]):
+            raise ValueError(f"{source}: entry {key!r} has a box without 4 corners: {value!r}")
+    return boxes
 
 
 def boxes_for(image: str | Path, boxes: Boxes, root: str | Path | None = None) -> list[list[float]] | None:

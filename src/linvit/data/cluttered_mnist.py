@@ -19,6 +19,8 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from ..utils.paths import output_dir
+
 DIGIT = 28
 FRAGMENT = 10  # side of a clutter fragment in pixels
 INK = 64  # a digit pixel at or above this (of 255) is labelled as the digit in the masks
@@ -80,7 +82,7 @@ def build_cluttered_mnist(
             f"per_class_train + per_class_val = {per_class_train + per_class_val} exceeds the {available} "
             "digits per class in the bundled sample (train and val use disjoint digits)"
         )
-    out = Path(out)
+    out = output_dir(out)
     rng = np.random.default_rng(seed)
     boxes: dict[str, list[list[int]]] = {}
     jobs = []

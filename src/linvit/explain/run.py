@@ -12,6 +12,7 @@ from timm.data import create_transform, resolve_data_config
 from ..data import SafeImageFolder, boxes_for, load_boxes
 from ..evaluate import load_weights, write_json
 from ..models import create_variant
+from ..utils.paths import output_dir
 from .erf import effective_receptive_field
 from .maps import importance_maps
 from .metrics import area_over_curve, box_auc, perturbation_curves, pointing_game
@@ -131,7 +132,7 @@ def plot_curves(morf: torch.Tensor, lerf: torch.Tensor, path: Path, title: str) 
 def run_explain(args) -> dict:
     """Maps, MoRF/LeRF, box AUCs and pointing game on a split with boxes; writes metrics.json and PNGs."""
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out)
     model, images, targets, paths, config = load_model_and_images(args, args.limit)
     boxes_src = args.boxes or Path(args.data) / "boxes.json"
     all_boxes = load_boxes(boxes_src) if Path(boxes_src).exists() else None
@@ -202,7 +203,7 @@ def run_erf(args) -> dict:
     model, images, _, _, _ = load_model_and_images(args, args.limit)
     result = effective_receptive_field(model, images)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(out)
     plt = _matplotlib()
     fig, ax = plt.subplots(figsize=(4, 4))
     im = ax.imshow(result["display"].numpy(), cmap="RdYlGn")

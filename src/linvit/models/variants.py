@@ -19,6 +19,11 @@ from ..layers import LinearInfSAAttention, PureInfSAAttention
 VARIANTS = ("naive", "fused", "unfolded", "folded", "dense", "chunked")
 
 
+class ModelArgumentError(ValueError, TypeError):
+    """A model argument of the wrong kind or value (e.g. --model-kwargs patch_size=banana): a ValueError for
+    the command line's one-line errors, and still a TypeError for callers that retry without an argument."""
+
+
 def split_name(spec: str) -> tuple[str, str | None]:
     """'name:variant' -> (name, variant); raises ValueError for an unknown variant."""
     name, _, variant = spec.partition(":")
@@ -57,13 +62,16 @@ def create_variant(spec: str, img_size: int | tuple[int, int] | None = None, **k
     name, variant = split_name(spec)
     if name not in timm.list_models():
         raise ValueError(f"unknown model {name!r} (see `linvit models` or timm.list_models())")
-    if img_size is not None:
-        try:
-            model = timm.create_model(name, img_size=img_size, **kwargs)
-        except TypeError:  # models without a fixed input size (no img_size argument)
+    try:
+        if img_size is not None:
+            try:
+                model = timm.create_model(name, img_size=img_size, **kwargs)
+            except TypeError:  # models without a fixed input size (no img_size argument)
+                model = timm.create_model(name, **kwargs)
+        else:
             model = timm.create_model(name, **kwargs)
-    else:
-        model = timm.create_model(name, **kwargs)
+    except TypeError as err:
+        raise ModelArgumentError(f"cannot build {name} with arguments {kwargs}: {err}") from err
     return apply_variant(model, variant)
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from ..utils.paths import output_dir
 from .plan import FAMILIES, RECIPES, Recipe, Stage, build_plan
 from .report import write_report
 from .stages import run_stages
@@ -27,8 +26,7 @@ def run_reproduce(args, recipe: Recipe | None = None) -> dict:
         if not torch.cuda.is_available():
             raise ValueError("--device cuda requested but torch sees no CUDA device")
     mode = "quick" if args.quick else "full"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(args.out)
     recipe = recipe or RECIPES[mode]
     stages = build_plan(str(out), mode, args.device, recipe)
     timings = run_stages(out, stages, _execute)

@@ -34,7 +34,7 @@ from ..train import (
     seed_everything,
     training_state,
 )  # fmt: skip
-from ..utils import compile_model
+from ..utils import compile_model, output_dir
 from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
 from .metrics import confusion_matrix, scores
 from .model import Segmenter, create_segmenter
@@ -107,7 +107,7 @@ def run_segment_train(args) -> list[dict]:
 def _train(args, rank: int, world: int, device) -> list[dict]:
     output = Path(args.output)
     if rank == 0:
-        output.mkdir(parents=True, exist_ok=True)
+        output_dir(output)
     seed_everything(args.seed)
     split, loader, sampler, val_loader = _loaders(args, rank, world, device)
     model = build_model(args, split.num_classes).to(device)
