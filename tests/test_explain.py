@@ -24,7 +24,7 @@ from linvit.explain import (
     pointing_game,
     spectral_report,
 )
-from linvit.explain.maps import dense_perron
+from linvit.ops import perron_vector_dense
 from linvit.explain.run import transform_boxes
 from reference import left_perron_numpy
 
@@ -88,7 +88,7 @@ def test_area_over_curve_is_in_probability_units():
 
 def test_dense_perron_matches_numpy():
     A = torch.rand(1, 1, 20, 20, dtype=torch.float64) ** 3
-    ours = dense_perron(A)[0, 0].numpy()
+    ours = perron_vector_dense(A)[0, 0].numpy()
     assert np.allclose(ours, left_perron_numpy(A[0, 0].numpy()), atol=1e-8)
 
 
@@ -213,9 +213,47 @@ def test_spectral_radius_is_the_perron_root():
     images = torch.randn(1, 3, 32, 32)
     report = spectral_report(model, images)
     mixer = next(m for m in model.modules() if isinstance(m, LinearInfSAAttention))
-    from linvit.explain.maps import _capture_inputs, infsa_operator
+    from linvit.explain.maps import capture_inputs, mixer_operator
 
-    (x,), _ = _capture_inputs(model, [mixer], images)
-    A = infsa_operator(mixer, x)[0]
+    (x,), _ = capture_inputs(model, [mixer], images)
+    A = mixer_operator(mixer, x)[0]
     expected = (mixer.gamma.double() * torch.linalg.eigvals(A).abs().amax(-1)).tolist()
     assert report["layers"][0]["spectral_radius"] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["infvit_tiny_patch16_224", "katz_infvit_tiny_patch16_224"])
+def test_explained_operator_is_the_one_the_forward_applies(name):
+    """The maps and spectra read A^ through explain.maps.mixer_operator; rebuilding each layer's output
+    from that matrix (one hop for pure InfSA, the whole Katz series for Katz-InfSA) gives the layer's output."""
+    from linvit.explain.maps import attention_mixers, capture_inputs, mixer_operator
+    from linvit.ops import katz_kernel
+
+    model = timm.create_model(name, num_classes=3, depth=2).eval()
+    images = torch.randn(2, 3, 48, 64)
+    mixers = attention_mixers(model, "katz")
+    inputs, _ = capture_inputs(model, mixers, images)
+    for mixer, x in zip(mixers, inputs, strict=True):
+        A = mixer_operator(mixer, x)
+        gamma = mixer.gamma.double()
+        hops = katz_kernel(A, gamma) if name.startswith("katz") else gamma[:, None, None] * A
+        _, _, v = mixer.project_qkv(x)
+        with torch.no_grad():
+            rebuilt = mixer.merge_heads((hops @ v.double()).float())
+            torch.testing.assert_close(rebuilt, mixer(x), rtol=1e-4, atol=1e-5)
+
+
+def test_explained_linear_importance_pools_the_layer_output():
+    """Linear-InfSA's map is the importance vector a whose pooled value gamma * sum_j a_j v_j every token gets."""
+    from linvit.explain.maps import capture_inputs, layer_scores
+
+    model = timm.create_model("linear_infvit_tiny_patch16_224", num_classes=3, depth=1).eval()
+    images = torch.randn(2, 3, 48, 64)
+    mixer = model.blocks[0].attn
+    (x,), _ = capture_inputs(model, [mixer], images)
+    a = mixer.importance(x)  # (B, H, N)
+    _, _, v = mixer.project_qkv(x)
+    with torch.no_grad():
+        pooled = mixer.gamma[:, None] * torch.einsum("bhn,bhnd->bhd", a, v)
+        rebuilt = mixer.merge_heads(pooled[:, :, None].expand_as(v).contiguous())
+        torch.testing.assert_close(rebuilt, mixer(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(layer_scores(mixer, x, "linear"), a.double().mean(1))

@@ -24,8 +24,14 @@ from timm.layers import Attention
 
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from ..models import WeightFormer
-from ..ops import katz_centrality, perron_vector
-from ..ops.katz import feature_map
+from ..ops import (
+    infsa_operator,
+    katz_centrality,
+    katz_kernel,
+    katz_operator,
+    perron_vector,
+    perron_vector_dense,
+)
 
 INFSA = (PureInfSAAttention, LinearInfSAAttention, KatzInfSAAttention)
 METHODS = ("linear", "column", "katz", "perron", "cls", "rollout", "grad")
@@ -53,7 +59,8 @@ def default_method(model: nn.Module) -> str:
     return "grad"
 
 
-def _mixers(model: nn.Module, method: str) -> list[nn.Module]:
+def attention_mixers(model: nn.Module, method: str) -> list[nn.Module]:
+    """The model's attention modules a method reads (ValueError naming what is missing if none)."""
     wanted = {"linear": (LinearInfSAAttention,), "cls": (Attention,), "rollout": (Attention,)}.get(method, INFSA)
     mixers = [m for m in model.modules() if isinstance(m, wanted)]
     if not mixers:
@@ -62,7 +69,7 @@ def _mixers(model: nn.Module, method: str) -> list[nn.Module]:
     return mixers
 
 
-def _capture_inputs(model: nn.Module, mixers: list[nn.Module], images: torch.Tensor) -> tuple[list, torch.Tensor]:
+def capture_inputs(model: nn.Module, mixers: list[nn.Module], images: torch.Tensor) -> tuple[list, torch.Tensor]:
     """Run the model once and return each mixer's input tokens (detached) and the logits."""
     captured: list[torch.Tensor] = [None] * len(mixers)  # type: ignore[list-item]
     hooks = [
@@ -78,32 +85,20 @@ def _capture_inputs(model: nn.Module, mixers: list[nn.Module], images: torch.Ten
     return captured, logits
 
 
-def _qk(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Projected (and q/k-normalised) q, k of shape (B, H, N, D) as float64, for any timm-layout attention."""
+def projected_qk(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's own q, k (B, H, N, D) on its input x, as float64, for any timm-layout attention."""
     B, N, _ = x.shape
     q, k, _ = mixer.qkv(x).reshape(B, N, 3, mixer.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
     return mixer.q_norm(q).double(), mixer.k_norm(k).double()
 
 
-def infsa_operator(mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Dense A^ (B, H, N, N), float64, of an InfSA layer on its input x (small N only)."""
-    q, k = _qk(mixer, x)
-    D = q.shape[-1]
+def mixer_operator(mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Dense A^ (B, H, N, N), float64, of an InfSA layer on its input x (small N only): the operator its
+    forward applies (ops.katz_operator for Katz-InfSA layers, ops.infsa_operator otherwise)."""
+    q, k = projected_qk(mixer, x)
     if isinstance(mixer, KatzInfSAAttention):
-        A = feature_map(q, mixer.feature_map) @ feature_map(k, mixer.feature_map).transpose(-2, -1)
-    else:
-        A = torch.relu(q @ k.transpose(-2, -1) / D)
-    return A / (torch.linalg.vector_norm(A, dim=(-2, -1), keepdim=True) + mixer.eps)
-
-
-def dense_perron(A: torch.Tensor, iters: int = 500) -> torch.Tensor:
-    """Left Perron vector (B, H, N) of non-negative A by power iteration on (A + I)^T, L1-normalised."""
-    At = A.transpose(-2, -1) + torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-    v = torch.full(A.shape[:-1], 1.0 / A.shape[-1], dtype=A.dtype, device=A.device)
-    for _ in range(iters):
-        v = (At @ v[..., None])[..., 0]
-        v = v / v.sum(-1, keepdim=True).clamp_min(1e-300)
-    return v
+        return katz_operator(q, k, mixer.eps, mixer.feature_map)
+    return infsa_operator(q, k, mixer.eps)
 
 
 def layer_scores(mixer: nn.Module, x: torch.Tensor, method: str) -> torch.Tensor:
@@ -112,23 +107,20 @@ def layer_scores(mixer: nn.Module, x: torch.Tensor, method: str) -> torch.Tensor
         if method == "linear":
             return mixer.importance(x).double().mean(1)
         if method in ("cls", "rollout"):
-            q, k = _qk(mixer, x)
+            q, k = projected_qk(mixer, x)
             return ((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5).softmax(-1)  # (B, H, N, N) for rollout
         if isinstance(mixer, KatzInfSAAttention) and method in ("katz", "perron"):
-            q, k = _qk(mixer, x)
+            q, k = projected_qk(mixer, x)
             if method == "katz":
                 return katz_centrality(q, k, mixer.gamma.double(), mixer.eps, mixer.feature_map).mean(1)
             return perron_vector(q, k, mixer.eps, mixer.feature_map).mean(1)
-        A = infsa_operator(mixer, x)
+        A = mixer_operator(mixer, x)
         if method == "column":
             return A.sum(-2).mean(1)
         if method == "katz":
-            g = mixer.gamma.double().reshape(1, -1, 1, 1)
-            eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-            kernel = torch.linalg.inv(eye - g * A) - eye
-            return kernel.sum(-2).mean(1)
+            return katz_kernel(A, mixer.gamma.double()).sum(-2).mean(1)
         if method == "perron":
-            return dense_perron(A).mean(1)
+            return perron_vector_dense(A).mean(1)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
@@ -190,8 +182,8 @@ def importance_maps(
             patch = F.adaptive_avg_pool2d(sal[:, None], (h, w))[:, 0]
             layers = None
         else:
-            mixers = _mixers(model, method)
-            inputs, _ = _capture_inputs(model, mixers, images)
+            mixers = attention_mixers(model, method)
+            inputs, _ = capture_inputs(model, mixers, images)
             prefix = _prefix(model)
             if method in ("cls", "rollout"):
                 attns = [layer_scores(m, x, method) for m, x in zip(mixers, inputs, strict=True)]

@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..layers import KatzInfSAAttention
-from ..ops import linear_infsa_importance
-from .maps import _capture_inputs, _mixers, _qk, dense_perron
+from ..ops import infsa_operator, katz_kernel, linear_infsa_importance, perron_vector_dense
+from .maps import attention_mixers, capture_inputs, projected_qk
 
 
 @torch.no_grad()
@@ -25,17 +25,16 @@ def spectral_report(model: nn.Module, images: torch.Tensor, depth: int | None = 
     was_training = model.training
     model.eval()
     try:
-        mixers = _mixers(model, "katz")
-        inputs, _ = _capture_inputs(model, mixers, images)
+        mixers = attention_mixers(model, "katz")
+        inputs, _ = capture_inputs(model, mixers, images)
     finally:
         model.train(was_training)
     depth = depth or len(mixers)
     layers = []
     for index, (mixer, x) in enumerate(zip(mixers, inputs, strict=True)):
-        q, k = _qk(mixer, x)
-        A = torch.relu(q @ k.transpose(-2, -1) / q.shape[-1])
-        A = A / (torch.linalg.vector_norm(A, dim=(-2, -1), keepdim=True) + mixer.eps)
-        perron = dense_perron(A)
+        q, k = projected_qk(mixer, x)
+        A = infsa_operator(q, k, mixer.eps)  # the ReLU(q k^T / d) operator, for Katz layers too (see note)
+        perron = perron_vector_dense(A)
         importance = linear_infsa_importance(q, k, mixer.eps)
         cosine = F.cosine_similarity(importance, perron, dim=-1)  # (B, H)
         gamma = mixer.gamma.double().reshape(1, -1, 1, 1)
@@ -43,9 +42,8 @@ def spectral_report(model: nn.Module, images: torch.Tensor, depth: int | None = 
         # A^ >= 0, so its spectral radius is its Perron root: v^T A^ = rho v^T with sum(v) = 1 gives
         # rho = sum(v^T A^); robust where eigvals fails on (near-)singular score matrices
         radius = gamma[..., 0, 0] * (perron[..., None, :] @ A)[..., 0, :].sum(-1)
-        eye = torch.eye(A.shape[-1], dtype=A.dtype)
-        kernel = torch.linalg.inv(eye - GA) - eye
-        series, power = torch.zeros_like(GA), eye.expand_as(GA)
+        kernel = katz_kernel(A, mixer.gamma.double())
+        series, power = torch.zeros_like(GA), torch.eye(A.shape[-1], dtype=A.dtype).expand_as(GA)
         for _ in range(depth):
             power = power @ GA
             series = series + power

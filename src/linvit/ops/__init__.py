@@ -1,9 +1,14 @@
-"""Parameter-free tensor functions: the math of each token mixer, checked against float64 references."""
+"""Parameter-free tensor functions: the math of each token mixer, checked against float64 references.
 
-from .infsa import linear_infsa, linear_infsa_importance, pure_infsa, soft_query
-from .katz import katz_centrality, katz_infsa, perron_vector
+Each formula is defined once here: the mixers (pure_infsa, linear_infsa, katz_infsa), the operators they
+apply (infsa_operator, katz_operator), the Katz kernel, the soft query and the Perron vectors. The layers,
+and the interpretability and spectral tools, call these.
+"""
+
+from .infsa import infsa_operator, linear_infsa, linear_infsa_importance, pure_infsa, soft_query
+from .katz import katz_centrality, katz_infsa, katz_kernel, katz_operator, perron_vector, perron_vector_dense
 
 __all__ = [
-    "pure_infsa", "linear_infsa", "linear_infsa_importance", "soft_query", "katz_infsa", "katz_centrality",
-    "perron_vector",
+    "pure_infsa", "linear_infsa", "linear_infsa_importance", "soft_query", "infsa_operator", "katz_infsa",
+    "katz_operator", "katz_kernel", "katz_centrality", "perron_vector", "perron_vector_dense",
 ]  # fmt: skip

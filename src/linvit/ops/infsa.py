@@ -34,6 +34,20 @@ def _relu_scores(q_blk: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None
     return scores
 
 
+def infsa_operator(
+    q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, attn_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The dense InfSA operator A^ = ReLU(q k^T / d) / (||ReLU(q k^T / d)||_F + eps), shape (B, H, N, N).
+
+    The Frobenius norm is per (batch, head) and accumulates in float32 for half inputs; masked-out pairs
+    (attn_mask False) are removed before normalising. Pure InfSA's dense form applies exactly this matrix,
+    and the interpretability and spectral tools read it (explain.maps, explain.spectral).
+    """
+    scores = _relu_scores(q, k, _check_mask(attn_mask, q))
+    norm = torch.linalg.vector_norm(scores, dim=(-2, -1), keepdim=True, dtype=accumulation_dtype(scores))
+    return scores / (norm + eps).to(scores.dtype)
+
+
 def _check_mask(attn_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
     if attn_mask is None:
         return None
@@ -85,10 +99,7 @@ def pure_infsa(
     if impl == "auto":
         impl = "chunked" if B * H * N * N > DENSE_MAX_SCORES else "dense"
     if impl == "dense":
-        scores = _relu_scores(q, k, mask)
-        norm = torch.linalg.vector_norm(scores, dim=(-2, -1), keepdim=True, dtype=accumulation_dtype(scores))
-        scores = scores / (norm + eps).to(scores.dtype)
-        return F.dropout(g * scores, dropout_p, training=dropout_p > 0) @ v
+        return F.dropout(g * infsa_operator(q, k, eps, mask), dropout_p, training=dropout_p > 0) @ v
     if impl != "chunked":
         raise ValueError(f"impl must be 'auto', 'dense' or 'chunked', got {impl!r}")
     if block_size is None:

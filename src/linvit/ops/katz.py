@@ -103,6 +103,31 @@ def katz_infsa(
     return out.to(v.dtype)
 
 
+def katz_operator(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, feature_map: FeatureMap = "relu"):
+    """The dense operator Katz-InfSA diffuses over, A^ = phi(Q) phi(K)^T / (||.||_F + eps), (B, H, N, N)."""
+    (fq, c2), (fk, _) = katz_features(q, feature_map), katz_features(k, feature_map)
+    A = fq @ fk.transpose(-2, -1)
+    return A / (torch.linalg.vector_norm(A, dim=(-2, -1), keepdim=True) + eps / c2)  # c^2 cancels but in eps
+
+
+def katz_kernel(A: torch.Tensor, gamma: GammaLike) -> torch.Tensor:
+    """The Katz kernel sum_{t>=1} (gamma A)^t = (I - gamma A)^{-1} - I of dense (B, H, N, N) operators."""
+    g = gamma_as_tensor(gamma, A.shape[1], A)
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    return torch.linalg.inv(eye - g * A) - eye
+
+
+def perron_vector_dense(A: torch.Tensor, iters: int = 500) -> torch.Tensor:
+    """Left Perron vector (B, H, N) of a dense non-negative A, L1-normalised: power iteration on (A + I)^T
+    (the shift keeps the eigenvectors and makes the iteration aperiodic)."""
+    At = A.transpose(-2, -1) + torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    v = torch.full(A.shape[:-1], 1.0 / A.shape[-1], dtype=A.dtype, device=A.device)
+    for _ in range(iters):
+        v = (At @ v[..., None])[..., 0]
+        v = v / v.sum(-1, keepdim=True).clamp_min(torch.finfo(v.dtype).tiny)
+    return v
+
+
 def katz_centrality(
     q: torch.Tensor, k: torch.Tensor, gamma: GammaLike, eps: float = 1e-6, feature_map: FeatureMap = "relu"
 ) -> torch.Tensor:
