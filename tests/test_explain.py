@@ -24,8 +24,8 @@ from linvit.explain import (
     pointing_game,
     spectral_report,
 )
-from linvit.ops import perron_vector_dense
 from linvit.explain.run import transform_boxes
+from linvit.ops import perron_vector_dense
 from reference import left_perron_numpy
 
 
