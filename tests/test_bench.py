@@ -14,9 +14,21 @@ from linvit.cli import main as cli_main
 
 TINY = dict(batch=1, mode="infer", device="cpu", dtype="fp32", warmup=1, iters=2)
 OK_KEYS = {
-    "model", "res", "tokens", "status", "latency_ms", "latency_iqr_ms", "images_per_s", "peak_mem_mb",
-    "peak_total_mb", "gflops", "gflops_per_s", "energy_j_per_img", "energy_reason", "params",
-}  # fmt: skip
+    "model",
+    "res",
+    "tokens",
+    "status",
+    "latency_ms",
+    "latency_iqr_ms",
+    "images_per_s",
+    "peak_mem_mb",
+    "peak_total_mb",
+    "gflops",
+    "gflops_per_s",
+    "energy_j_per_img",
+    "energy_reason",
+    "params",
+}
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +100,21 @@ def test_outputs_written(tmp_path, two_points):
 
 def test_cli_bench_ladder_stops_at_the_memory_limit(tmp_path, capsys):
     code = cli_main(
-        ["bench", "--models", "linear_infvit_tiny_patch16_224", "--res", "32", "--ladder", "--iters", "1",
-         "--mem-limit", "0.05", "--out", str(tmp_path)]
-    )  # fmt: skip
+        [
+            "bench",
+            "--models",
+            "linear_infvit_tiny_patch16_224",
+            "--res",
+            "32",
+            "--ladder",
+            "--iters",
+            "1",
+            "--mem-limit",
+            "0.05",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["ladder_max_res"] == {"linear_infvit_tiny_patch16_224": None}
@@ -128,10 +152,24 @@ def test_batch_and_compile_are_sweep_dimensions(tmp_path):
     from linvit.bench.report import exponents, markdown_table
 
     records = [
-        dict(model=m, res=r, batch=b, compile=c, tokens=r * r // 256, status="ok", latency_ms=ms, latency_iqr_ms=0.0,
-             images_per_s=b / ms, peak_mem_mb=1.0, compile_s=2.0 if c != "off" else None)
-        for m, ms in (("a", 1.0), ("ref", 4.0)) for c in ("off", "default") for b in (1, 32) for r in (64, 128)
-    ]  # fmt: skip
+        dict(
+            model=m,
+            res=r,
+            batch=b,
+            compile=c,
+            tokens=r * r // 256,
+            status="ok",
+            latency_ms=ms,
+            latency_iqr_ms=0.0,
+            images_per_s=b / ms,
+            peak_mem_mb=1.0,
+            compile_s=2.0 if c != "off" else None,
+        )
+        for m, ms in (("a", 1.0), ("ref", 4.0))
+        for c in ("off", "default")
+        for b in (1, 32)
+        for r in (64, 128)
+    ]
     table = markdown_table(records, references=["ref"])
     assert table.startswith("| model | batch | compile | res |") and "compile s" in table
     assert table.count("4.00x") == 8  # every point against the reference with the same batch and compile mode

@@ -62,8 +62,23 @@ def test_builder_rejects_bad_arguments(tmp_path, kwargs, msg):
 
 
 def test_cli_data_command(tmp_path, capsys):
-    assert cli_main(["data", "cluttered-mnist", "--out", str(tmp_path), "--canvas", "32", "--per-class-train", "1",
-                     "--per-class-val", "1"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "data",
+                "cluttered-mnist",
+                "--out",
+                str(tmp_path),
+                "--canvas",
+                "32",
+                "--per-class-train",
+                "1",
+                "--per-class-val",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "10 train and 10 val" in capsys.readouterr().out
     assert cli_main(["data", "cluttered-mnist", "--out", str(tmp_path), "--canvas", "8"]) == 2
     assert "canvas" in capsys.readouterr().err

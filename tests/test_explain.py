@@ -202,8 +202,21 @@ def test_cli_explain_spectral_erf(tmp_path, capsys):
     assert "cosine" in capsys.readouterr().out
     assert cli_main(["erf", "--model", "weightformer_tiny_patch16_224", *common, "--out", str(tmp_path / "erf")]) == 0
     assert (tmp_path / "erf" / "erf.png").is_file()
-    assert cli_main(["explain", "--model", "weightformer_tiny_patch16_224", *common, "--method", "linear",
-                     "--out", str(tmp_path / "x")]) == 2  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "explain",
+                "--model",
+                "weightformer_tiny_patch16_224",
+                *common,
+                "--method",
+                "linear",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
 
 
 def test_spectral_radius_is_the_perron_root():

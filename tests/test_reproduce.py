@@ -71,9 +71,24 @@ def test_plans_are_valid_linvit_commands(tmp_path):
             assert {s.info.get("family") for s in stages if s.name.startswith("train/")} == {f for _, f, _ in FAMILIES}
 
 
-TINY = Recipe(canvas=32, per_class_train=2, per_class_val=1, clutter=1, patch=8, depth=1, wf_depth=2, epochs=1, batch=5,
-              lr=1e-3, explain_images=4, spectral_images=2, erf_images=2, family_res=(32, 64), wf_res=(32, 64),
-              bench_iters=1)  # fmt: skip
+TINY = Recipe(
+    canvas=32,
+    per_class_train=2,
+    per_class_val=1,
+    clutter=1,
+    patch=8,
+    depth=1,
+    wf_depth=2,
+    epochs=1,
+    batch=5,
+    lr=1e-3,
+    explain_images=4,
+    spectral_images=2,
+    erf_images=2,
+    family_res=(32, 64),
+    wf_res=(32, 64),
+    bench_iters=1,
+)
 
 
 def test_reproduce_end_to_end_writes_the_report_and_reuses_everything(tmp_path, monkeypatch):

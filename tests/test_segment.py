@@ -98,8 +98,9 @@ def test_confusion_matrix_rejects_bad_labels():
 
 def test_one_training_step_lowers_the_loss():
     torch.manual_seed(0)
-    net = create_segmenter("linear_infvit_tiny_patch16_224", num_classes=3, pyramid_channels=32, head_channels=16,
-                           depth=2, patch_size=8)  # fmt: skip
+    net = create_segmenter(
+        "linear_infvit_tiny_patch16_224", num_classes=3, pyramid_channels=32, head_channels=16, depth=2, patch_size=8
+    )
     x = torch.randn(4, 3, 32, 32)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()  # a learnable per-pixel rule
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
@@ -171,24 +172,74 @@ def test_readers_fail_with_clear_errors(tmp_path):
         find_split(tmp_path, "train")
 
 
-SEG = ["--model-kwargs", "patch_size=8", "depth=2", "--pyramid-channels", "32", "--head-channels", "16",
-       "--workers", "0", "--device", "cpu"]  # fmt: skip
+SEG = [
+    "--model-kwargs",
+    "patch_size=8",
+    "depth=2",
+    "--pyramid-channels",
+    "32",
+    "--head-channels",
+    "16",
+    "--workers",
+    "0",
+    "--device",
+    "cpu",
+]
 
 
 def test_segment_train_resume_and_eval_end_to_end(data, tmp_path):
     out = tmp_path / "run"
-    train = ["segment", "train", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224", "--output", str(out),
-             "--batch-size", "4", "--lr", "1e-3", "--crop-size", "32", "--scale", "1", "1", "--hflip", "0",
-             "--warmup-epochs", "0", "--no-progress", *SEG]  # fmt: skip
+    train = [
+        "segment",
+        "train",
+        "--data",
+        str(data),
+        "--model",
+        "linear_infvit_tiny_patch16_224",
+        "--output",
+        str(out),
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--crop-size",
+        "32",
+        "--scale",
+        "1",
+        "1",
+        "--hflip",
+        "0",
+        "--warmup-epochs",
+        "0",
+        "--no-progress",
+        *SEG,
+    ]
     assert cli_main([*train, "--epochs", "1"]) == 0
     assert cli_main([*train, "--epochs", "2", "--resume", "auto"]) == 0  # continues at epoch 1
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0, 1]
     assert {"train_loss", "val_miou", "val_pixel_acc", "epoch_seconds"} <= rows[-1].keys()
     result = tmp_path / "eval.json"
-    assert cli_main(["segment", "eval", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224",
-                     "--checkpoint", str(out / "model.safetensors"), "--json", str(result), "--flops-at", "64",
-                     *SEG]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "segment",
+                "eval",
+                "--data",
+                str(data),
+                "--model",
+                "linear_infvit_tiny_patch16_224",
+                "--checkpoint",
+                str(out / "model.safetensors"),
+                "--json",
+                str(result),
+                "--flops-at",
+                "64",
+                *SEG,
+            ]
+        )
+        == 0
+    )
     metrics = json.loads(result.read_text())
     assert metrics["miou"] == pytest.approx(rows[-1]["val_miou"])  # the saved weights are the logged ones
     assert len(metrics["per_class_iou"]) == 11 and metrics["class_names"][1] == "digit 0"
@@ -196,25 +247,74 @@ def test_segment_train_resume_and_eval_end_to_end(data, tmp_path):
 
 
 def test_segment_torchrun_two_processes_agree(data, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "linvit",
-           "segment", "train", "--data", str(data), "--model", "deit_tiny_patch16_224", "--output", str(tmp_path),
-           "--epochs", "1", "--batch-size", "2", "--crop-size", "32", "--scale", "1", "1", "--no-progress",
-           *SEG]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "linvit",
+        "segment",
+        "train",
+        "--data",
+        str(data),
+        "--model",
+        "deit_tiny_patch16_224",
+        "--output",
+        str(tmp_path),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "2",
+        "--crop-size",
+        "32",
+        "--scale",
+        "1",
+        "1",
+        "--no-progress",
+        *SEG,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and "world 2" in result.stdout
     # evaluation is sharded over ranks and summed: the logged mIoU equals one single-process evaluation
-    single = cli_main(["segment", "eval", "--data", str(data), "--model", "deit_tiny_patch16_224",
-                       "--checkpoint", str(tmp_path / "model.safetensors"), "--json", str(tmp_path / "e.json"), *SEG])
+    single = cli_main(
+        [
+            "segment",
+            "eval",
+            "--data",
+            str(data),
+            "--model",
+            "deit_tiny_patch16_224",
+            "--checkpoint",
+            str(tmp_path / "model.safetensors"),
+            "--json",
+            str(tmp_path / "e.json"),
+            *SEG,
+        ]
+    )
     assert single == 0
     assert json.loads((tmp_path / "e.json").read_text())["miou"] == pytest.approx(rows[0]["val_miou"])
 
 
 def test_segment_cli_errors_are_one_line(data, tmp_path, capsys):
-    code = cli_main(["segment", "train", "--data", str(tmp_path), "--model", "deit_tiny_patch16_224",
-                     "--output", str(tmp_path / "o"), *SEG])  # fmt: skip
+    code = cli_main(
+        [
+            "segment",
+            "train",
+            "--data",
+            str(tmp_path),
+            "--model",
+            "deit_tiny_patch16_224",
+            "--output",
+            str(tmp_path / "o"),
+            *SEG,
+        ]
+    )
     assert code == 2 and "no segmentation data" in capsys.readouterr().err
 
 

@@ -15,8 +15,29 @@ import torch
 from linvit.cli import main as cli_main
 from linvit.data import build_cluttered_mnist
 
-FAST = ["--img-size", "32", "--aa", "none", "--mixup", "0", "--cutmix", "0", "--reprob", "0", "--smoothing", "0",
-        "--warmup-epochs", "0", "--drop-path", "0", "--workers", "0", "--no-progress", "--crop-pct", "1.0"]  # fmt: skip
+FAST = [
+    "--img-size",
+    "32",
+    "--aa",
+    "none",
+    "--mixup",
+    "0",
+    "--cutmix",
+    "0",
+    "--reprob",
+    "0",
+    "--smoothing",
+    "0",
+    "--warmup-epochs",
+    "0",
+    "--drop-path",
+    "0",
+    "--workers",
+    "0",
+    "--no-progress",
+    "--crop-pct",
+    "1.0",
+]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -42,8 +63,24 @@ def _metrics(out):
     ],
 )
 def test_each_family_trains_and_the_loss_falls(data, tmp_path, model, kwargs):
-    args = ["train", "--data", str(data), "--model", model, "--output", str(tmp_path), "--epochs", "3",
-            "--batch-size", "10", "--lr", "1e-3", *FAST, "--model-kwargs", *kwargs]  # fmt: skip
+    args = [
+        "train",
+        "--data",
+        str(data),
+        "--model",
+        model,
+        "--output",
+        str(tmp_path),
+        "--epochs",
+        "3",
+        "--batch-size",
+        "10",
+        "--lr",
+        "1e-3",
+        *FAST,
+        "--model-kwargs",
+        *kwargs,
+    ]
     assert cli_main(args) == 0
     rows = _metrics(tmp_path)
     assert [r["epoch"] for r in rows] == [0, 1, 2]
@@ -52,17 +89,66 @@ def test_each_family_trains_and_the_loss_falls(data, tmp_path, model, kwargs):
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
     assert (tmp_path / "last.pth").is_file() and (tmp_path / "model.safetensors").is_file()
     # the saved weights evaluate to the logged validation accuracy
-    assert cli_main(["eval", "--data", str(data), "--model", model, "--checkpoint", str(tmp_path / "model.safetensors"),
-                     "--img-size", "32", "--crop-pct", "1.0", "--workers", "0", "--json", str(tmp_path / "e.json"),
-                     "--model-kwargs", *kwargs]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "eval",
+                "--data",
+                str(data),
+                "--model",
+                model,
+                "--checkpoint",
+                str(tmp_path / "model.safetensors"),
+                "--img-size",
+                "32",
+                "--crop-pct",
+                "1.0",
+                "--workers",
+                "0",
+                "--json",
+                str(tmp_path / "e.json"),
+                "--model-kwargs",
+                *kwargs,
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "e.json").read_text())["top1"] == pytest.approx(rows[-1]["val_top1"])
 
 
 def _train_cmd(data, out, epochs=3, extra=()):
-    return [sys.executable, "-m", "linvit", "train", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224",
-            "--output", str(out), "--epochs", str(epochs), "--batch-size", "4", "--lr", "1e-3", "--deterministic",
-            *FAST, "--aa", "rand-m9-mstd0.5-inc1", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.25",
-            "--model-kwargs", "patch_size=8", "depth=4", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "linvit",
+        "train",
+        "--data",
+        str(data),
+        "--model",
+        "linear_infvit_tiny_patch16_224",
+        "--output",
+        str(out),
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--deterministic",
+        *FAST,
+        "--aa",
+        "rand-m9-mstd0.5-inc1",
+        "--mixup",
+        "0.8",
+        "--cutmix",
+        "1.0",
+        "--reprob",
+        "0.25",
+        "--model-kwargs",
+        "patch_size=8",
+        "depth=4",
+        *extra,
+    ]
 
 
 def test_resume_after_sigkill_equals_uninterrupted_run(data, tmp_path):
@@ -89,8 +175,16 @@ def test_resume_after_sigkill_equals_uninterrupted_run(data, tmp_path):
 
 
 def test_torchrun_two_processes_agree(data, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "linvit",
-           *_train_cmd(data, tmp_path, epochs=1)[3:]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "linvit",
+        *_train_cmd(data, tmp_path, epochs=1)[3:],
+    ]
     result = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     ranks = [json.loads((tmp_path / f"final_val_rank{r}.json").read_text()) for r in (0, 1)]
@@ -131,8 +225,21 @@ def test_corrupt_training_image_is_skipped_and_counted(tmp_path):
 
 
 def test_bad_runs_stop_with_one_line_errors(data, tmp_path, capsys):
-    assert cli_main(["train", "--data", str(tmp_path / "none"), "--model", "deit_tiny_patch16_224",
-                     "--output", str(tmp_path / "o"), *FAST]) == 2  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "train",
+                "--data",
+                str(tmp_path / "none"),
+                "--model",
+                "deit_tiny_patch16_224",
+                "--output",
+                str(tmp_path / "o"),
+                *FAST,
+            ]
+        )
+        == 2
+    )
     assert "not found" in capsys.readouterr().err
     small = tmp_path / "three"
     for cls in "abc":
@@ -142,7 +249,20 @@ def test_bad_runs_stop_with_one_line_errors(data, tmp_path, capsys):
     import timm
 
     torch.save(timm.create_model("linear_infvit_tiny_patch16_224", num_classes=10, patch_size=8).state_dict(), ckpt)
-    args = ["eval", "--data", str(small), "--model", "linear_infvit_tiny_patch16_224", "--checkpoint", str(ckpt),
-            "--img-size", "32", "--workers", "0", "--model-kwargs", "patch_size=8"]  # fmt: skip
+    args = [
+        "eval",
+        "--data",
+        str(small),
+        "--model",
+        "linear_infvit_tiny_patch16_224",
+        "--checkpoint",
+        str(ckpt),
+        "--img-size",
+        "32",
+        "--workers",
+        "0",
+        "--model-kwargs",
+        "patch_size=8",
+    ]
     assert cli_main(args) == 2
     assert "10 classes" in capsys.readouterr().err

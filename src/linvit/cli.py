@@ -107,27 +107,52 @@ def _cmd_bench(args: argparse.Namespace) -> None:
                 device = args.device
             print(f"== suite {name}")
             _run_bench(
-                models=suite["models"], res=res, out=os.path.join(args.out, name),
-                ladder=suite.get("ladder", False), references=suite.get("reference", []),
-                timeout=suite.get("timeout", args.timeout), mem_limit=suite.get("mem_limit", args.mem_limit),
-                batches=batches, compiles=compiles, common=dict(
-                    mode=args.mode, device=device, dtype=dtype, warmup=warmup, iters=iters, min_time_s=min_time,
-                    model_kwargs=suite.get("model_kwargs", {}), task=suite.get("task", args.task),
+                models=suite["models"],
+                res=res,
+                out=os.path.join(args.out, name),
+                ladder=suite.get("ladder", False),
+                references=suite.get("reference", []),
+                timeout=suite.get("timeout", args.timeout),
+                mem_limit=suite.get("mem_limit", args.mem_limit),
+                batches=batches,
+                compiles=compiles,
+                common=dict(
+                    mode=args.mode,
+                    device=device,
+                    dtype=dtype,
+                    warmup=warmup,
+                    iters=iters,
+                    min_time_s=min_time,
+                    model_kwargs=suite.get("model_kwargs", {}),
+                    task=suite.get("task", args.task),
                 ),
                 command=f"linvit bench --suite {name} --device {device} --dtype {dtype} --out {args.out}",
-            )  # fmt: skip
+            )
         return
     if not args.models:
         raise ValueError("give --models (comma list) or --suite")
     _run_bench(
-        models=args.models, res=args.res, out=args.out, ladder=args.ladder, references=args.reference,
-        timeout=args.timeout, mem_limit=args.mem_limit, batches=args.batch or [1], compiles=args.compile or ["off"],
+        models=args.models,
+        res=args.res,
+        out=args.out,
+        ladder=args.ladder,
+        references=args.reference,
+        timeout=args.timeout,
+        mem_limit=args.mem_limit,
+        batches=args.batch or [1],
+        compiles=args.compile or ["off"],
         common=dict(
-            mode=args.mode, device=args.device, dtype=args.dtype, warmup=args.warmup, iters=args.iters,
-            min_time_s=args.min_time, model_kwargs=_parse_kwargs(args.model_kwargs), task=args.task,
+            mode=args.mode,
+            device=args.device,
+            dtype=args.dtype,
+            warmup=args.warmup,
+            iters=args.iters,
+            min_time_s=args.min_time,
+            model_kwargs=_parse_kwargs(args.model_kwargs),
+            task=args.task,
         ),
         command="linvit " + " ".join(sys.argv[1:]),
-    )  # fmt: skip
+    )
 
 
 def _run_bench(models, res, out, ladder, references, timeout, mem_limit, batches, compiles, common, command) -> None:
@@ -153,8 +178,9 @@ def _run_bench(models, res, out, ladder, references, timeout, mem_limit, batches
     if ladder:
         if len(batches) > 1 or len(compiles) > 1:
             raise ValueError("--ladder takes one --batch and one --compile mode")
-        records, best = run_ladder(models, res[0], dict(common, batch=batches[0], compile=compiles[0]), timeout,
-                                   mem_limit)  # fmt: skip
+        records, best = run_ladder(
+            models, res[0], dict(common, batch=batches[0], compile=compiles[0]), timeout, mem_limit
+        )
         extra["ladder_max_res"] = best
     else:
         records = sweep(models, res, common, timeout, mem_limit, batches=batches, compiles=compiles)
@@ -172,9 +198,13 @@ def _cmd_data(args: argparse.Namespace) -> None:
     from linvit.data import build_cluttered_mnist
 
     meta = build_cluttered_mnist(
-        args.out, canvas=args.canvas, per_class_train=args.per_class_train, per_class_val=args.per_class_val,
-        clutter=args.clutter, seed=args.seed,
-    )  # fmt: skip
+        args.out,
+        canvas=args.canvas,
+        per_class_train=args.per_class_train,
+        per_class_val=args.per_class_val,
+        clutter=args.clutter,
+        seed=args.seed,
+    )
     print(f"wrote {meta['images']['train']} train and {meta['images']['val']} val images, boxes.json to {args.out}")
 
 
@@ -223,9 +253,11 @@ def _add_common_data_args(p: argparse.ArgumentParser) -> None:
 
 def _add_compile_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--compile", choices=["off", "default", "reduce-overhead", "max-autotune"], default="off",
+        "--compile",
+        choices=["off", "default", "reduce-overhead", "max-autotune"],
+        default="off",
         help="torch.compile the model (one static graph per input size; reduce-overhead adds CUDA graphs)",
-    )  # fmt: skip
+    )
 
 
 def _add_segment_args(p: argparse.ArgumentParser) -> None:
@@ -308,16 +340,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch", type=_csv(int), default=None, help="comma list of batch sizes, e.g. 1,32 (latency and throughput)"
     )
     p.add_argument(
-        "--compile", type=_csv(str), default=None, metavar="MODES",
+        "--compile",
+        type=_csv(str),
+        default=None,
+        metavar="MODES",
         help="comma list of off|default|reduce-overhead|max-autotune (default off); compile time is recorded apart",
-    )  # fmt: skip
+    )
     p.add_argument("--min-time", type=float, default=0.0, help="time each point for at least this many seconds")
     p.add_argument("--dry-run", action="store_true", help="with --suite: every point at 32 px, one iteration")
     p.add_argument("--mode", choices=["infer", "train"], default="infer", help="forward only, or forward+backward")
     p.add_argument(
-        "--task", choices=["classify", "segment"], default="classify",
+        "--task",
+        choices=["classify", "segment"],
+        default="classify",
         help="the classifier, or backbone + pyramid + semantic-FPN head (150 classes) as in `linvit segment`",
-    )  # fmt: skip
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="non-fp32 runs under autocast")
     p.add_argument(

@@ -130,8 +130,10 @@ def run_eval(args) -> dict:
         metrics = evaluate(compile_model(model, args.compile), loader, device, args.amp, progress=rank == 0)
         metrics.update(model=args.model, checkpoint=args.checkpoint, split=args.split, data=str(args.data))
         if rank == 0:
-            print(f"top1 {metrics['top1']:.2f}  top5 {metrics['top5']:.2f}  loss {metrics['loss']:.4f}  "
-                  f"({metrics['images']} images, {metrics['skipped']} skipped)")  # fmt: skip
+            print(
+                f"top1 {metrics['top1']:.2f}  top5 {metrics['top5']:.2f}  loss {metrics['loss']:.4f}  "
+                f"({metrics['images']} images, {metrics['skipped']} skipped)"
+            )
             if args.json:
                 write_json(args.json, metrics)
         return metrics

@@ -123,11 +123,16 @@ def resume_run(output: Path, resume: str | None, model, optimizer, scheduler, em
 
 def training_state(model, optimizer, scheduler, ema, scaler, epoch: int, rngs: list, history: list, args) -> dict:
     return {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
         "ema": ema.state_dict() if ema is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
-        "epoch": epoch, "rng": rngs, "history": history, "args": {k: str(v) for k, v in vars(args).items()},
-    }  # fmt: skip
+        "epoch": epoch,
+        "rng": rngs,
+        "history": history,
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
 
 
 def save_epoch(output: Path, state: dict, record: dict) -> None:
@@ -245,16 +250,28 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     optimizer = create_optimizer_v2(model, opt=args.opt, lr=lr, weight_decay=args.weight_decay)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(
-        train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers, drop_last=True,
-        collate_fn=collate_skip_none, pin_memory=device.type == "cuda", persistent_workers=False,
-    )  # fmt: skip
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        drop_last=True,
+        collate_fn=collate_skip_none,
+        pin_memory=device.type == "cuda",
+        persistent_workers=False,
+    )
     if len(loader) == 0:
         raise ValueError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world)
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched="cosine", num_epochs=args.epochs, warmup_epochs=args.warmup_epochs, warmup_lr=args.warmup_lr,
-        min_lr=args.min_lr, step_on_epochs=False, updates_per_epoch=len(loader),
-    )  # fmt: skip
+        optimizer,
+        sched="cosine",
+        num_epochs=args.epochs,
+        warmup_epochs=args.warmup_epochs,
+        warmup_lr=args.warmup_lr,
+        min_lr=args.min_lr,
+        step_on_epochs=False,
+        updates_per_epoch=len(loader),
+    )
     mixup = None
     if args.mixup > 0 or args.cutmix > 0:
         mixup = Mixup(
@@ -276,11 +293,20 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     )
 
     if rank == 0:
-        config = {**vars(args), "lr": lr, "global_batch": global_batch, "world_size": world, "num_classes": num_classes,
-                  "data_config": data_config, "device": str(device)}  # fmt: skip
+        config = {
+            **vars(args),
+            "lr": lr,
+            "global_batch": global_batch,
+            "world_size": world,
+            "num_classes": num_classes,
+            "data_config": data_config,
+            "device": str(device),
+        }
         atomic_write_text(json.dumps(config, indent=2, default=str), output / "config.json")
-        print(f"{args.model}: {sum(p.numel() for p in model.parameters()):,} params, {num_classes} classes, "
-              f"{len(train_set)} train / {len(val_set)} val images, lr {lr:.3g}, world {world}")  # fmt: skip
+        print(
+            f"{args.model}: {sum(p.numel() for p in model.parameters()):,} params, {num_classes} classes, "
+            f"{len(train_set)} train / {len(val_set)} val images, lr {lr:.3g}, world {world}"
+        )
     train_net, eval_net = compile_model(ddp_model, args.compile), compile_model(model, args.compile)
     for epoch in range(start_epoch, args.epochs):
         seed_everything(args.seed + 1000 * epoch + rank)  # replayable on resume
@@ -291,18 +317,25 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
         scheduler.step(epoch + 1)
         val = evaluate(eval_net, val_loader, device, args.amp)
         record = {
-            "epoch": epoch, "train_loss": train_loss, "val_top1": val["top1"], "val_top5": val["top5"],
-            "val_loss": val["loss"], "lr": optimizer.param_groups[0]["lr"], "epoch_seconds": seconds,
-            "images_per_second": seen / seconds if seconds > 0 else None, "skipped_images": skipped + val["skipped"],
-        }  # fmt: skip
+            "epoch": epoch,
+            "train_loss": train_loss,
+            "val_top1": val["top1"],
+            "val_top5": val["top5"],
+            "val_loss": val["loss"],
+            "lr": optimizer.param_groups[0]["lr"],
+            "epoch_seconds": seconds,
+            "images_per_second": seen / seconds if seconds > 0 else None,
+            "skipped_images": skipped + val["skipped"],
+        }
         if ema is not None:
             ema_val = evaluate(ema.module, val_loader, device, args.amp)
             record.update(val_top1_ema=ema_val["top1"], val_top5_ema=ema_val["top5"])
         history.append(record)
         rngs = gather_rng(world)
         if rank == 0:
-            save_epoch(output, training_state(model, optimizer, scheduler, ema, scaler, epoch, rngs, history, args),
-                       record)  # fmt: skip
+            save_epoch(
+                output, training_state(model, optimizer, scheduler, ema, scaler, epoch, rngs, history, args), record
+            )
             if skipped:
                 print(f"epoch {epoch}: skipped {skipped} unreadable images")
             print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))

@@ -6,6 +6,16 @@ from .runner import ladder, run_point, sweep
 from .suites import SUITES, suite_names
 
 __all__ = [
-    "run_point", "sweep", "ladder", "fit_exponent", "exponents", "markdown_table", "write_outputs",
-    "create_variant", "apply_variant", "split_name", "SUITES", "suite_names",
-]  # fmt: skip
+    "run_point",
+    "sweep",
+    "ladder",
+    "fit_exponent",
+    "exponents",
+    "markdown_table",
+    "write_outputs",
+    "create_variant",
+    "apply_variant",
+    "split_name",
+    "SUITES",
+    "suite_names",
+]

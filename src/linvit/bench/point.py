@@ -24,9 +24,16 @@ from .meters import EnergyMeter, PeakMemory, count_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULTS = {
-    "batch": 1, "mode": "infer", "device": "cpu", "dtype": "fp32", "warmup": 1, "iters": 3, "task": "classify",
-    "compile": "off", "min_time_s": 0.0,
-}  # fmt: skip
+    "batch": 1,
+    "mode": "infer",
+    "device": "cpu",
+    "dtype": "fp32",
+    "warmup": 1,
+    "iters": 3,
+    "task": "classify",
+    "compile": "off",
+    "min_time_s": 0.0,
+}
 SEGMENT_CLASSES = 150  # ADE20K
 
 

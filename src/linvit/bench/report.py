@@ -12,10 +12,26 @@ import numpy as np
 from ..utils.paths import output_dir
 
 COLUMNS = [
-    "model", "res", "tokens", "batch", "compile", "mode", "device", "dtype", "status", "latency_ms", "latency_iqr_ms",
-    "images_per_s", "peak_mem_mb", "peak_total_mb", "gflops", "gflops_per_s", "energy_j_per_img", "compile_s",
+    "model",
+    "res",
+    "tokens",
+    "batch",
+    "compile",
+    "mode",
+    "device",
+    "dtype",
+    "status",
+    "latency_ms",
+    "latency_iqr_ms",
+    "images_per_s",
+    "peak_mem_mb",
+    "peak_total_mb",
+    "gflops",
+    "gflops_per_s",
+    "energy_j_per_img",
+    "compile_s",
     "reason",
-]  # fmt: skip
+]
 
 
 def series_label(record: dict) -> str:
@@ -60,9 +76,10 @@ def _speedup(record: dict, records: list[dict], reference: str | None) -> float 
         return None
     same = ("res", "batch", "compile")
     ref = [
-        r for r in records
+        r
+        for r in records
         if r["model"] == reference and r["status"] == "ok" and all(r.get(k) == record.get(k) for k in same)
-    ]  # fmt: skip
+    ]
     return ref[0]["latency_ms"] / record["latency_ms"] if ref else None
 
 

@@ -80,9 +80,12 @@ def sweep(
     batches = list(batches or [common.get("batch", 1)])
     compiles = list(compiles or [common.get("compile", "off")])
     points = [
-        dict(common, model=m, res=r, batch=b, compile=c) for m in models for c in compiles for b in batches
+        dict(common, model=m, res=r, batch=b, compile=c)
+        for m in models
+        for c in compiles
+        for b in batches
         for r in resolutions
-    ]  # fmt: skip
+    ]
     records = []
     bar = tqdm(points, desc="bench", unit="point", disable=not progress)
     for spec in bar:

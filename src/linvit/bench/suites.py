@@ -19,11 +19,19 @@ SUITES: dict[str, dict] = {
     # issue: the folded Linear-InfSA fast path against the release's per-token K/V projections
     "fold": dict(
         models=["linear_infvit_4l_patch16_224", "linear_infvit_4l_patch16_224:unfolded"],
-        res=[224, 512, 1024], iters=7, warmup=2, reference=["linear_infvit_4l_patch16_224:unfolded"],
+        res=[224, 512, 1024],
+        iters=7,
+        warmup=2,
+        reference=["linear_infvit_4l_patch16_224:unfolded"],
     ),
     # the 4-layer family, inference, batch 1, fp32, against both softmax baselines
     "family4l": dict(
-        models=FOUR_LAYER, res=[224, 512, 1024, 2048], iters=3, warmup=1, mem_limit=20.0, timeout=1200,
+        models=FOUR_LAYER,
+        res=[224, 512, 1024, 2048],
+        iters=3,
+        warmup=1,
+        mem_limit=20.0,
+        timeout=1200,
         reference=["vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
     ),
     # largest resolution per model: doubling from 2048 (family4l covers below) until a point fails,
@@ -31,40 +39,77 @@ SUITES: dict[str, dict] = {
     "ladder4l": dict(models=FOUR_LAYER, res=[2048], ladder=True, iters=1, warmup=0, mem_limit=20.0, timeout=90),
     # WeightFormer-T against DeiT-T (timm's fused attention)
     "weightformer": dict(
-        models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"], res=[224, 512, 1024, 1248], iters=5,
-        warmup=2, reference=["deit_tiny_patch16_224"],
+        models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"],
+        res=[224, 512, 1024, 1248],
+        iters=5,
+        warmup=2,
+        reference=["deit_tiny_patch16_224"],
     ),
     # the segmentation model (backbone + simple feature pyramid + semantic-FPN head) at high resolution
     "segment": dict(
-        models=["deit_tiny_patch16_224", "deit_tiny_patch16_224:naive", "linear_infvit_tiny_patch16_224",
-                "weightformer_tiny_patch16_224"],
-        res=[512, 1024, 2048], iters=1, warmup=1, task="segment", mem_limit=20.0, timeout=1200,
+        models=[
+            "deit_tiny_patch16_224",
+            "deit_tiny_patch16_224:naive",
+            "linear_infvit_tiny_patch16_224",
+            "weightformer_tiny_patch16_224",
+        ],
+        res=[512, 1024, 2048],
+        iters=1,
+        warmup=1,
+        task="segment",
+        mem_limit=20.0,
+        timeout=1200,
         reference=["deit_tiny_patch16_224"],
     ),
     # very high resolution with no flags (token chunking is chosen automatically at this size)
     "highres": dict(models=["linear_infvit_4l_patch16_224"], res=[9216, 16384], iters=1, warmup=0, timeout=3000),
     # CPU: eager against compiled (inductor), batch 1
     "compile4l": dict(
-        models=["vit_4l_patch16_224", "linear_infvit_4l_patch16_224", "katz_infvit_4l_patch16_224"], res=[224, 512],
-        compile=["off", "default"], iters=5, warmup=2, reference=["vit_4l_patch16_224"],
+        models=["vit_4l_patch16_224", "linear_infvit_4l_patch16_224", "katz_infvit_4l_patch16_224"],
+        res=[224, 512],
+        compile=["off", "default"],
+        iters=5,
+        warmup=2,
+        reference=["vit_4l_patch16_224"],
     ),
     "compile_wf": dict(
-        models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"], res=[224, 512], compile=["off", "default"],
-        iters=5, warmup=2, reference=["deit_tiny_patch16_224"],
+        models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"],
+        res=[224, 512],
+        compile=["off", "default"],
+        iters=5,
+        warmup=2,
+        reference=["deit_tiny_patch16_224"],
     ),
     # GPU (scripts/gpu_bench.sh): bf16, batch 1 (latency) and 32 (throughput), eager and CUDA graphs
     "gpu_family4l": dict(
         models=["linear_infvit_4l_patch16_224", "vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
-        res=[512, 1024, 2048, 4096], batch=[1, 32], compile=["off", "reduce-overhead"], device="cuda", dtype="bf16",
-        iters=20, warmup=3, min_time=1.0, timeout=120, mem_limit=120.0,
+        res=[512, 1024, 2048, 4096],
+        batch=[1, 32],
+        compile=["off", "reduce-overhead"],
+        device="cuda",
+        dtype="bf16",
+        iters=20,
+        warmup=3,
+        min_time=1.0,
+        timeout=120,
+        mem_limit=120.0,
         reference=["vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
     ),
     "gpu_weightformer": dict(
-        models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"], res=[224, 512, 1024, 1248], batch=[1, 32],
-        compile=["off", "reduce-overhead"], device="cuda", dtype="bf16", iters=20, warmup=3, min_time=1.0,
-        timeout=120, mem_limit=120.0, reference=["deit_tiny_patch16_224"],
+        models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"],
+        res=[224, 512, 1024, 1248],
+        batch=[1, 32],
+        compile=["off", "reduce-overhead"],
+        device="cuda",
+        dtype="bf16",
+        iters=20,
+        warmup=3,
+        min_time=1.0,
+        timeout=120,
+        mem_limit=120.0,
+        reference=["deit_tiny_patch16_224"],
     ),
-}  # fmt: skip
+}
 
 
 def suite_names(choice: str) -> list[str]:

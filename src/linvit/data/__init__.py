@@ -5,6 +5,11 @@ from .cluttered_mnist import build_cluttered_mnist, load_mnist_5k
 from .folder import SafeImageFolder, collate_skip_none
 
 __all__ = [
-    "build_cluttered_mnist", "load_mnist_5k", "load_boxes", "read_voc_xml", "boxes_for", "SafeImageFolder",
+    "build_cluttered_mnist",
+    "load_mnist_5k",
+    "load_boxes",
+    "read_voc_xml",
+    "boxes_for",
+    "SafeImageFolder",
     "collate_skip_none",
-]  # fmt: skip
+]

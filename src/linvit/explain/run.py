@@ -160,14 +160,23 @@ def run_explain(args) -> dict:
     auc = box_auc(image_maps[with_boxes], [boxes[i] for i in with_boxes]) if with_boxes else {}
     point = pointing_game(image_maps[with_boxes], [boxes[i] for i in with_boxes], args.tolerance) if with_boxes else {}
     metrics = {
-        "model": args.model, "checkpoint": args.checkpoint, "method": maps[0].method, "layer": args.layer,
-        "images": len(images), "images_with_boxes": len(with_boxes),
+        "model": args.model,
+        "checkpoint": args.checkpoint,
+        "method": maps[0].method,
+        "layer": args.layer,
+        "images": len(images),
+        "images_with_boxes": len(with_boxes),
         "accuracy": float((torch.cat(preds) == targets).float().mean() * 100),
-        "morf_aoc": float(area_over_curve(morf).mean()), "lerf_aoc": float(area_over_curve(lerf).mean()),
-        "box_roc_auc": auc.get("box_roc_auc"), "box_pr_auc": auc.get("box_pr_auc"),
-        "pointing_game": point.get("pointing_game"), "tolerance_px": args.tolerance, "steps": args.steps,
-        "morf_curve": morf.mean(0).tolist(), "lerf_curve": lerf.mean(0).tolist(),
-    }  # fmt: skip
+        "morf_aoc": float(area_over_curve(morf).mean()),
+        "lerf_aoc": float(area_over_curve(lerf).mean()),
+        "box_roc_auc": auc.get("box_roc_auc"),
+        "box_pr_auc": auc.get("box_pr_auc"),
+        "pointing_game": point.get("pointing_game"),
+        "tolerance_px": args.tolerance,
+        "steps": args.steps,
+        "morf_curve": morf.mean(0).tolist(),
+        "lerf_curve": lerf.mean(0).tolist(),
+    }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     title = f"{args.model} ({metrics['method']})"
     plot_curves(morf, lerf, out / "curves.png", title)
@@ -214,8 +223,12 @@ def run_erf(args) -> dict:
     fig.tight_layout()
     fig.savefig(out / "erf.png", dpi=110)
     plt.close(fig)
-    record = {"model": args.model, "checkpoint": args.checkpoint, "images": len(images),
-              "outside_center_share": result["outside_center_share"]}  # fmt: skip
+    record = {
+        "model": args.model,
+        "checkpoint": args.checkpoint,
+        "images": len(images),
+        "outside_center_share": result["outside_center_share"],
+    }
     (out / "erf.json").write_text(json.dumps(record, indent=2))
     np.save(out / "erf.npy", result["display"].numpy().astype(np.float32))
     print(f"share of gradient mass outside the central quarter: {result['outside_center_share']:.4f}")

@@ -58,11 +58,18 @@ def spectral_report(model: nn.Module, images: torch.Tensor, depth: int | None = 
                 "gamma": mixer.gamma.tolist(),
             }
         )
-    mean = {key: float(torch.tensor([v for lay in layers for v in lay[key]]).mean()) for key in
-            ("cosine", "spectral_radius", "truncation_gap")}  # fmt: skip
+    mean = {
+        key: float(torch.tensor([v for lay in layers for v in lay[key]]).mean())
+        for key in ("cosine", "spectral_radius", "truncation_gap")
+    }
     note = "Katz-InfSA layers: cosine and radius use the ReLU(q k^T / d) operator of the same q, k"
-    return {"layers": layers, "mean": mean, "depth": depth, "images": int(images.shape[0]),
-            "note": note if any(isinstance(m, KatzInfSAAttention) for m in mixers) else None}  # fmt: skip
+    return {
+        "layers": layers,
+        "mean": mean,
+        "depth": depth,
+        "images": int(images.shape[0]),
+        "note": note if any(isinstance(m, KatzInfSAAttention) for m in mixers) else None,
+    }
 
 
 __all__ = ["spectral_report"]

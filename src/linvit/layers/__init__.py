@@ -4,6 +4,11 @@ from .dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, DynamicDWConv, DynamicL
 from .infsa_attention import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 
 __all__ = [
-    "PureInfSAAttention", "LinearInfSAAttention", "KatzInfSAAttention", "DynamicLinear", "DynamicDWConv",
-    "LINEAR_PREDICTORS", "CONV_PREDICTORS",
-]  # fmt: skip
+    "PureInfSAAttention",
+    "LinearInfSAAttention",
+    "KatzInfSAAttention",
+    "DynamicLinear",
+    "DynamicDWConv",
+    "LINEAR_PREDICTORS",
+    "CONV_PREDICTORS",
+]

@@ -260,8 +260,11 @@ class DynamicDWConv(nn.Module):
             raise ValueError(f"expected (B, {self.dim}, H, W), got {tuple(x.shape)}")
         B, C, H, W = x.shape
         k = self.kernel_size
-        base = derived_at_inference(self, "_residual_kernel", (self.w,), lambda: with_identity_tap(self.w)) \
-            if residual else self.w  # fmt: skip
+        base = (
+            derived_at_inference(self, "_residual_kernel", (self.w,), lambda: with_identity_tap(self.w))
+            if residual
+            else self.w
+        )
         raw = self._raw_delta(x)
         kernel = torch.addcdiv(base.view(1, C, k, k), raw, amplitude_denominator(raw, (-2, -1)))  # K0 + dK
         kernel = kernel.reshape(B * C, 1, k, k)
@@ -271,6 +274,10 @@ class DynamicDWConv(nn.Module):
 
 
 __all__ = [
-    "DynamicLinear", "DynamicDWConv", "amplitude_direction", "with_identity_tap", "LINEAR_PREDICTORS",
+    "DynamicLinear",
+    "DynamicDWConv",
+    "amplitude_direction",
+    "with_identity_tap",
+    "LINEAR_PREDICTORS",
     "CONV_PREDICTORS",
-]  # fmt: skip
+]

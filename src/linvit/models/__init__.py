@@ -5,5 +5,13 @@ from .infvit import InfViT
 from .variants import apply_variant, create_any_size, create_variant, split_name
 from .weightformer import WeightFormer
 
-__all__ = ["InfViT", "WeightFormer", "infvit", "weightformer", "create_variant", "create_any_size", "apply_variant",
-           "split_name"]  # fmt: skip
+__all__ = [
+    "InfViT",
+    "WeightFormer",
+    "infvit",
+    "weightformer",
+    "create_variant",
+    "create_any_size",
+    "apply_variant",
+    "split_name",
+]

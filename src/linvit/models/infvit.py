@@ -87,9 +87,12 @@ class InfViT(VisionTransformer):
         prefix = 0 if self.no_embed_class else self.num_prefix_tokens
         grid = self.patch_embed.grid_size
         pos = derived_at_inference(
-            self, "_pos_cache", (self.pos_embed,),
-            lambda: resample_abs_pos_embed(self.pos_embed, (H, W), grid, num_prefix_tokens=prefix), extra=(H, W),
-        )  # fmt: skip
+            self,
+            "_pos_cache",
+            (self.pos_embed,),
+            lambda: resample_abs_pos_embed(self.pos_embed, (H, W), grid, num_prefix_tokens=prefix),
+            extra=(H, W),
+        )
         x = x.view(B, H * W, C)
         prefix_tokens = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if self.no_embed_class:  # as timm: add, then prepend the prefix tokens (or prepend, then add)

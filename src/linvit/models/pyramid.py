@@ -27,9 +27,11 @@ def _patch(backbone: nn.Module) -> int:
 def _level(scale: float, dim: int) -> nn.Sequential:
     if scale == 4.0:
         return nn.Sequential(
-            nn.ConvTranspose2d(dim, dim // 2, 2, stride=2), LayerNorm2d(dim // 2), nn.GELU(),
+            nn.ConvTranspose2d(dim, dim // 2, 2, stride=2),
+            LayerNorm2d(dim // 2),
+            nn.GELU(),
             nn.ConvTranspose2d(dim // 2, dim // 4, 2, stride=2),
-        )  # fmt: skip
+        )
     if scale == 2.0:
         return nn.Sequential(nn.ConvTranspose2d(dim, dim // 2, 2, stride=2))
     if scale == 1.0:
@@ -61,10 +63,14 @@ class SimpleFeaturePyramid(nn.Module):
         self.out = nn.ModuleList()
         for s in scales:
             channels = {4.0: dim // 4, 2.0: dim // 2}.get(s, dim)
-            self.out.append(nn.Sequential(
-                nn.Conv2d(channels, out_channels, 1, bias=False), LayerNorm2d(out_channels),
-                nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False), LayerNorm2d(out_channels),
-            ))  # fmt: skip
+            self.out.append(
+                nn.Sequential(
+                    nn.Conv2d(channels, out_channels, 1, bias=False),
+                    LayerNorm2d(out_channels),
+                    nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
+                    LayerNorm2d(out_channels),
+                )
+            )
         self.strides = [patch / s for s in scales]
         self.feature_info = [
             dict(num_chs=out_channels, reduction=stride, module=f"out.{i}") for i, stride in enumerate(self.strides)

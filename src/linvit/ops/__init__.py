@@ -9,6 +9,15 @@ from .infsa import infsa_operator, linear_infsa, linear_infsa_importance, pure_i
 from .katz import katz_centrality, katz_infsa, katz_kernel, katz_operator, perron_vector, perron_vector_dense
 
 __all__ = [
-    "pure_infsa", "linear_infsa", "linear_infsa_importance", "soft_query", "infsa_operator", "katz_infsa",
-    "katz_operator", "katz_kernel", "katz_centrality", "perron_vector", "perron_vector_dense",
-]  # fmt: skip
+    "pure_infsa",
+    "linear_infsa",
+    "linear_infsa_importance",
+    "soft_query",
+    "infsa_operator",
+    "katz_infsa",
+    "katz_operator",
+    "katz_kernel",
+    "katz_centrality",
+    "perron_vector",
+    "perron_vector_dense",
+]

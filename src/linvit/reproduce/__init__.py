@@ -31,6 +31,8 @@ def run_reproduce(args, recipe: Recipe | None = None) -> dict:
     stages = build_plan(str(out), mode, args.device, recipe)
     timings = run_stages(out, stages, _execute)
     report = write_report(out, stages, timings, mode, args.device, recipe)
-    print(f"wrote {out}/report.md, report.json, commands.sh, scaling.png, maps.png, curves.png, erf.png "
-          f"({report['seconds_this_run'] / 60:.1f} min this run)")  # fmt: skip
+    print(
+        f"wrote {out}/report.md, report.json, commands.sh, scaling.png, maps.png, curves.png, erf.png "
+        f"({report['seconds_this_run'] / 60:.1f} min this run)"
+    )
     return report

@@ -103,8 +103,12 @@ def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
     reuse = {s.name for s in stages if finished(out, s)}
     est_done = spent = 0.0
     remaining_est = sum(s.est_s for s in stages if s.name not in reuse)
-    bar = tqdm(total=len(stages), unit="stage", dynamic_ncols=True,
-               bar_format="reproduce {n_fmt}/{total_fmt} stages |{bar:24}| {elapsed} elapsed{postfix}")  # fmt: skip
+    bar = tqdm(
+        total=len(stages),
+        unit="stage",
+        dynamic_ncols=True,
+        bar_format="reproduce {n_fmt}/{total_fmt} stages |{bar:24}| {elapsed} elapsed{postfix}",
+    )
     try:
         for stage in stages:
             if stage.name in reuse:

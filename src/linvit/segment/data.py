@@ -84,13 +84,15 @@ def find_split(root: str | Path, split: str) -> SegmentationSplit:
 def train_transform(crop: tuple[int, int], scale: tuple[float, float], hflip: float) -> v2.Compose:
     """Random resize (shorter side = scale x the crop's shorter side), random crop padded with ignore, flip."""
     short = min(crop)
-    return v2.Compose([
-        v2.RandomResize(max(1, round(short * scale[0])), max(2, round(short * scale[1]) + 1)),
-        v2.RandomCrop(crop, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}),
-        v2.RandomHorizontalFlip(hflip),
-        v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
-        v2.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
-    ])  # fmt: skip
+    return v2.Compose(
+        [
+            v2.RandomResize(max(1, round(short * scale[0])), max(2, round(short * scale[1]) + 1)),
+            v2.RandomCrop(crop, pad_if_needed=True, fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE}),
+            v2.RandomHorizontalFlip(hflip),
+            v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
+            v2.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
+        ]
+    )
 
 
 class EvalTransform:
@@ -99,8 +101,9 @@ class EvalTransform:
 
     def __init__(self, size: int | None = None) -> None:
         self.size = size
-        self.normalise = v2.Compose([v2.ToDtype(torch.float32, scale=True),
-                                     v2.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)])  # fmt: skip
+        self.normalise = v2.Compose(
+            [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)]
+        )
 
     def __call__(self, image: tv_tensors.Image, mask: tv_tensors.Mask):
         if self.size is not None:

@@ -33,7 +33,7 @@ from ..train import (
     save_epoch,
     seed_everything,
     training_state,
-)  # fmt: skip
+)
 from ..utils import compile_model, output_dir
 from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
 from .metrics import confusion_matrix, scores
@@ -41,8 +41,7 @@ from .model import Segmenter, create_segmenter
 
 
 def build_model(args, num_classes: int) -> Segmenter:
-    model = create_segmenter(args.model, num_classes, args.pyramid_channels, args.head_channels,
-                             **args.model_kwargs)  # fmt: skip
+    model = create_segmenter(args.model, num_classes, args.pyramid_channels, args.head_channels, **args.model_kwargs)
     if getattr(args, "backbone_checkpoint", None):
         load_backbone(model.backbone, args.backbone_checkpoint)
     return model
@@ -63,8 +62,9 @@ def load_backbone(backbone: nn.Module, path: str) -> None:
 
 
 @torch.no_grad()
-def evaluate_segmentation(model: nn.Module, loader, num_classes: int, device, amp: str = "none",
-                          progress: bool = False) -> dict:  # fmt: skip
+def evaluate_segmentation(
+    model: nn.Module, loader, num_classes: int, device, amp: str = "none", progress: bool = False
+) -> dict:
     """Scores at each label map's own resolution, summed over ranks (every rank returns the same)."""
     model.eval()
     matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
@@ -87,8 +87,14 @@ def _loaders(args, rank: int, world: int, device):
     train_set = SegmentationDataset(train_split, train_transform(crop, tuple(args.scale), args.hflip))
     val_set = SegmentationDataset(val_split, EvalTransform(args.img_size))
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-                        drop_last=True, pin_memory=device.type == "cuda")  # fmt: skip
+    loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        drop_last=True,
+        pin_memory=device.type == "cuda",
+    )
     if len(loader) == 0:
         raise ValueError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_pairs)
@@ -113,21 +119,38 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     model = build_model(args, split.num_classes).to(device)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=args.lr, weight_decay=args.weight_decay)
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched="cosine", num_epochs=args.epochs, warmup_epochs=args.warmup_epochs, warmup_lr=args.lr * 1e-3,
-        min_lr=args.lr * 1e-2, step_on_epochs=False, updates_per_epoch=len(loader),
-    )  # fmt: skip
+        optimizer,
+        sched="cosine",
+        num_epochs=args.epochs,
+        warmup_epochs=args.warmup_epochs,
+        warmup_lr=args.lr * 1e-3,
+        min_lr=args.lr * 1e-2,
+        step_on_epochs=False,
+        updates_per_epoch=len(loader),
+    )
     scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 \
-        else model  # fmt: skip
+    ddp = (
+        DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if world > 1
+        else model
+    )
     ddp = compile_model(ddp, args.compile)
     if rank == 0:
-        config = {**vars(args), "num_classes": split.num_classes, "class_names": split.class_names,
-                  "layout": split.layout, "world_size": world, "device": str(device)}  # fmt: skip
+        config = {
+            **vars(args),
+            "num_classes": split.num_classes,
+            "class_names": split.class_names,
+            "layout": split.layout,
+            "world_size": world,
+            "device": str(device),
+        }
         atomic_write_text(json.dumps(config, indent=2, default=str), output / "config.json")
         params = sum(p.numel() for p in model.parameters())
-        print(f"{args.model} + pyramid + semantic-FPN head: {params:,} params, {split.num_classes} classes "
-              f"({split.layout}), {len(loader.dataset)} train images, world {world}")  # fmt: skip
+        print(
+            f"{args.model} + pyramid + semantic-FPN head: {params:,} params, {split.num_classes} classes "
+            f"({split.layout}), {len(loader.dataset)} train images, world {world}"
+        )
     for epoch in range(start_epoch, args.epochs):
         seed_everything(args.seed + 1000 * epoch + rank)  # replayable on resume
         sampler.set_epoch(epoch)
@@ -151,15 +174,22 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         loss_sum, seen = all_reduce_sum([loss_sum, seen], device)
         scheduler.step(epoch + 1)
         val = evaluate_segmentation(model, val_loader, split.num_classes, device, args.amp)
-        record = {"epoch": epoch, "train_loss": loss_sum / max(seen, 1), "val_miou": val["miou"],
-                  "val_pixel_acc": val["pixel_acc"], "val_mean_acc": val["mean_acc"],
-                  "lr": optimizer.param_groups[0]["lr"], "epoch_seconds": seconds,
-                  "images_per_second": seen / seconds if seconds > 0 else None}  # fmt: skip
+        record = {
+            "epoch": epoch,
+            "train_loss": loss_sum / max(seen, 1),
+            "val_miou": val["miou"],
+            "val_pixel_acc": val["pixel_acc"],
+            "val_mean_acc": val["mean_acc"],
+            "lr": optimizer.param_groups[0]["lr"],
+            "epoch_seconds": seconds,
+            "images_per_second": seen / seconds if seconds > 0 else None,
+        }
         history.append(record)
         rngs = gather_rng(world)
         if rank == 0:
-            save_epoch(output, training_state(model, optimizer, scheduler, None, scaler, epoch, rngs, history, args),
-                       record)  # fmt: skip
+            save_epoch(
+                output, training_state(model, optimizer, scheduler, None, scaler, epoch, rngs, history, args), record
+            )
             print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
         barrier()
     if rank == 0 and history:
@@ -173,8 +203,10 @@ def backbone_macs(model: Segmenter, size: int) -> dict:
 
     x = torch.zeros(1, 3, size, size)
     with torch.no_grad():
-        return {f"{name}_gmacs@{size}": count_flops(partial(fn, x)) / 2e9
-                for name, fn in (("backbone", model.pyramid.last_map), ("segmenter", model))}  # fmt: skip
+        return {
+            f"{name}_gmacs@{size}": count_flops(partial(fn, x)) / 2e9
+            for name, fn in (("backbone", model.pyramid.last_map), ("segmenter", model))
+        }
 
 
 def run_segment_eval(args) -> dict:
@@ -189,13 +221,21 @@ def run_segment_eval(args) -> dict:
         dataset = SegmentationDataset(split, EvalTransform(args.img_size))
         loader = eval_loader(dataset, args.batch_size, args.workers, rank, world, collate_fn=collate_pairs)
         metrics = evaluate_segmentation(model, loader, split.num_classes, device, args.amp, progress=rank == 0)
-        metrics.update(model=args.model, checkpoint=args.checkpoint, split=args.split, data=str(args.data),
-                       images=len(dataset), class_names=split.class_names)  # fmt: skip
+        metrics.update(
+            model=args.model,
+            checkpoint=args.checkpoint,
+            split=args.split,
+            data=str(args.data),
+            images=len(dataset),
+            class_names=split.class_names,
+        )
         if args.flops_at:
             metrics.update(backbone_macs(model.cpu(), args.flops_at))
         if rank == 0:
-            print(f"mIoU {metrics['miou']:.2f}  pixel acc {metrics['pixel_acc']:.2f}  "
-                  f"mean acc {metrics['mean_acc']:.2f}  ({len(dataset)} images)")  # fmt: skip
+            print(
+                f"mIoU {metrics['miou']:.2f}  pixel acc {metrics['pixel_acc']:.2f}  "
+                f"mean acc {metrics['mean_acc']:.2f}  ({len(dataset)} images)"
+            )
             for name, iou in zip(split.class_names, metrics["per_class_iou"], strict=True):
                 print(f"  {name:<24} IoU {iou:6.2f}")
             if args.json:

@@ -18,8 +18,9 @@ from ..models.pyramid import SimpleFeaturePyramid, create_pyramid
 
 
 def _conv_block(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.GroupNorm(min(32, cout), cout),
-                         nn.ReLU(inplace=True))  # fmt: skip
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.GroupNorm(min(32, cout), cout), nn.ReLU(inplace=True)
+    )
 
 
 class SemanticFPNHead(nn.Module):
