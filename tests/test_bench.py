@@ -131,7 +131,7 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
 def test_flop_count_includes_fused_attention_on_cpu():
     from functools import partial
 
-    from linvit.bench.meters import count_flops
+    from linvit.utils.flops import count_flops
 
     x = torch.randn(1, 3, 224, 224)
     fused, naive = (create_variant(f"deit_tiny_patch16_224{v}", depth=1).eval() for v in ("", ":naive"))

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from linvit.cli import run_command
 from linvit.reproduce import RECIPES, Recipe, Stage, build_plan, run_reproduce, run_stages
 from linvit.reproduce.plan import FAMILIES
 
@@ -95,7 +96,7 @@ def test_reproduce_end_to_end_writes_the_report_and_reuses_everything(tmp_path, 
     monkeypatch.setattr("linvit.reproduce.plan.FAMILY_4L", ["vit_4l_patch16_224", "linear_infvit_4l_patch16_224"])
     monkeypatch.setattr("linvit.reproduce.plan.WF_VS_DEIT", ["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"])
     args = argparse.Namespace(quick=True, device="cpu", out=str(tmp_path / "out"))
-    report = run_reproduce(args, recipe=TINY)
+    report = run_reproduce(args, execute=run_command, recipe=TINY)
     out = tmp_path / "out"
     for name in ("report.md", "report.json", "commands.sh", "scaling.png", "maps.png", "curves.png", "erf.png"):
         assert (out / name).stat().st_size > 0, name
@@ -111,6 +112,6 @@ def test_reproduce_end_to_end_writes_the_report_and_reuses_everything(tmp_path, 
     assert all(row["command"].startswith("linvit ") for row in rows)
     assert all(f"`{row['command']}`" in md for row in rows)
     # a second run with the same --out reuses every stage
-    again = run_reproduce(args, recipe=TINY)
+    again = run_reproduce(args, execute=run_command, recipe=TINY)
     assert all(t["reused"] for t in again["stages"].values())
     assert again["seconds_this_run"] == 0

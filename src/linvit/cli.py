@@ -25,7 +25,7 @@ def _cmd_models(args: argparse.Namespace) -> None:
         model = timm.create_model(name).eval()
         row = {"model": name, "params": sum(p.numel() for p in model.parameters())}
         if args.macs:
-            from linvit.bench.meters import count_flops
+            from linvit.utils.flops import count_flops
 
             with torch.no_grad():
                 flops = count_flops(partial(model, torch.zeros(1, 3, args.img_size, args.img_size)))
@@ -458,7 +458,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _reproduce(args: argparse.Namespace) -> None:
     from linvit.reproduce import run_reproduce
 
-    run_reproduce(args)
+    run_reproduce(args, execute=run_command)
+
+
+def run_command(argv: list[str]) -> None:
+    """Run one `linvit` command line in this process; errors propagate to the caller."""
+    args = build_parser().parse_args(argv)
+    args.func(args)
 
 
 def _version() -> str:

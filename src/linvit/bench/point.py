@@ -20,7 +20,8 @@ import linvit  # noqa: F401  (registers the models)
 
 from ..models.variants import create_any_size
 from ..utils import compile_model
-from .meters import EnergyMeter, PeakMemory, count_flops
+from ..utils.flops import count_flops
+from .meters import EnergyMeter, PeakMemory
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULTS = {

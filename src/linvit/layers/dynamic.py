@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
-from ..ops._common import autocast_dtype, no_autocast
+from ..ops.common import autocast_dtype, no_autocast
 from .derived import derived_at_inference
 
 LINEAR_PREDICTORS = ("bilateral", "deep", "nonlinear", "linear", "gap")

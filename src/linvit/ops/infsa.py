@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ._common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
+from .common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
 
 # Dense pure InfSA materialises B*H*N*N scores; above this many it switches to the two-pass form.
 DENSE_MAX_SCORES = 2**25

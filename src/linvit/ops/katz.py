@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ._common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
+from .common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
 
 FeatureMap = Literal["relu", "elu+1"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..utils.paths import output_dir
 from .plan import FAMILIES, RECIPES, Recipe, Stage, build_plan
 from .report import write_report
@@ -10,16 +12,12 @@ from .stages import run_stages
 __all__ = ["run_reproduce", "build_plan", "run_stages", "write_report", "FAMILIES", "RECIPES", "Recipe", "Stage"]
 
 
-def _execute(argv: list[str]) -> None:
-    """Run one `linvit` command line in this process (errors propagate: the stage is not marked done)."""
-    from ..cli import build_parser
+def run_reproduce(args, execute: Callable[[list[str]], None], recipe: Recipe | None = None) -> dict:
+    """Run (or continue) every stage into args.out, then write the report; ``recipe`` overrides the mode's.
 
-    args = build_parser().parse_args(argv)
-    args.func(args)
-
-
-def run_reproduce(args, recipe: Recipe | None = None) -> dict:
-    """Run (or continue) every stage into args.out, then write the report; ``recipe`` overrides the mode's."""
+    ``execute`` runs one `linvit` command line (the stage's argv) in this process and raises on failure,
+    so a failed stage is not marked done; the CLI passes its own dispatcher.
+    """
     if args.device == "cuda":
         import torch
 
@@ -29,7 +27,7 @@ def run_reproduce(args, recipe: Recipe | None = None) -> dict:
     out = output_dir(args.out)
     recipe = recipe or RECIPES[mode]
     stages = build_plan(str(out), mode, args.device, recipe)
-    timings = run_stages(out, stages, _execute)
+    timings = run_stages(out, stages, execute)
     report = write_report(out, stages, timings, mode, args.device, recipe)
     print(
         f"wrote {out}/report.md, report.json, commands.sh, scaling.png, maps.png, curves.png, erf.png "

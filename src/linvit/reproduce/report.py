@@ -51,7 +51,7 @@ def count_macs(model_name: str, img_size: int = 224) -> float:
     import timm
     import torch
 
-    from ..bench.meters import count_flops
+    from ..utils.flops import count_flops
 
     model = timm.create_model(model_name).eval()
     with torch.no_grad():

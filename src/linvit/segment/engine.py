@@ -199,7 +199,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
 
 def backbone_macs(model: Segmenter, size: int) -> dict:
     """GMACs of the backbone and of the whole segmenter on one size x size image (FLOPs / 2)."""
-    from ..bench.meters import count_flops
+    from ..utils.flops import count_flops
 
     x = torch.zeros(1, 3, size, size)
     with torch.no_grad():
