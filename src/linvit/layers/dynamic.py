@@ -1,4 +1,4 @@
-"""WeightFormer's dynamic layers (spec/weightformer.md sections 2-3): W(X) = W0 + dW(X), O(N) in tokens.
+"""WeightFormer's dynamic layers, W(X) = W0 + dW(X), O(N) in tokens (docs/spec/weightformer.md 2-3, arXiv:2605.01711).
 
 Parameter names follow the official release (``w``, ``b``, ``wfm``, ``w1``, ``w2``) so its checkpoints
 load unchanged. Both layers take the token grid size explicitly, so non-square grids and odd sides work.

@@ -124,7 +124,7 @@ class LinearInfSAAttention(_InfSABase):
     """Linear-InfSA: every token receives the importance-pooled value z (O(N) in tokens).
 
     With ``fold_kv=True`` (default) the K and V projections are folded into the soft query
-    (spec/infsa.md section 3): a_j = ReLU(x_j . W_k^T q_bar + b_k . q_bar) and
+    (docs/spec/infsa.md section 3): a_j = ReLU(x_j . W_k^T q_bar + b_k . q_bar) and
     z = W_v (sum_j a_j x_j) + b_v sum_j a_j, so only Q is projected per token and the output
     projection runs once per sample. The result equals the unfolded module; q/k norms break the
     linearity in k, so with ``qk_norm`` the unfolded path is used.

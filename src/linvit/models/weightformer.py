@@ -1,4 +1,4 @@
-"""WeightFormer (spec/weightformer.md): isotropic, no attention, dynamic weights in one block in three.
+"""WeightFormer: isotropic, no attention, dynamic weights in one block in three (docs/spec/weightformer.md).
 
 State-dict names are the official release's (``patch_embed.proj``, ``init_norm``, ``blocks.{i}.linear1``,
 ``blocks.{i}.dwc``, ``norm``, ``head``), so its checkpoints load strictly. Unlike the release, the token

@@ -1,4 +1,4 @@
-"""Pure InfSA and Linear-InfSA as functions of projected q, k, v (spec/infsa.md sections 2-3).
+"""Pure InfSA and Linear-InfSA as functions of projected q, k, v (docs/spec/infsa.md 2-3, arXiv:2603.00175).
 
 Both match the reference release (github.com/giorgioroffo/infinite-self-attention, infsa/core.py)
 operation for operation; gamma may be a float or a per-head tensor of shape (H,).

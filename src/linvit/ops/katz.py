@@ -1,4 +1,4 @@
-"""Katz-InfSA: the exact infinite-hop InfSA series in linear time (spec/infsa.md section 5, ours).
+"""Katz-InfSA: the exact infinite-hop InfSA series in linear time (docs/spec/infsa.md section 4, ours).
 
 With a non-negative feature map phi applied to q and k separately, A = phi(Q) phi(K)^T has rank <= d,
 so with s = ||A||_F + eps, U = phi(Q)/sqrt(s), W = phi(K)/sqrt(s) (A^ = U W^T):

@@ -264,7 +264,7 @@ def claims(report: dict) -> dict[str, list[dict]]:
     ]
     katz_row = dict(
         claim="Exact infinite-hop InfSA (Katz series) in linear time",
-        paper="- (beyond the papers; spec section 5)",
+        paper="- (beyond the papers; docs/spec/infsa.md section 4)",
         ours=(
             f"exponent {_k('katz_infvit_4l_patch16_224')}; latency "
             f"{', '.join(f'{v:.2f}x at {k}' for k, v in sorted(katz_vs_lin.items()))} of Linear-InfSA; "
