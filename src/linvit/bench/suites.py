@@ -15,6 +15,19 @@ FOUR_LAYER = [
     "katz_infvit_4l_patch16_224",
 ]
 
+# every GPU table: bf16, batch 1 and 32, eager and CUDA graphs, each point timed >= 1 s (NVML energy)
+GPU_SETTINGS = dict(
+    batch=[1, 32],
+    compile=["off", "reduce-overhead"],
+    device="cuda",
+    dtype="bf16",
+    iters=20,
+    warmup=3,
+    min_time=1.0,
+    timeout=120,
+    mem_limit=120.0,
+)
+
 SUITES: dict[str, dict] = {
     # issue: the folded Linear-InfSA fast path against the release's per-token K/V projections
     "fold": dict(
@@ -84,30 +97,14 @@ SUITES: dict[str, dict] = {
     "gpu_family4l": dict(
         models=["linear_infvit_4l_patch16_224", "vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
         res=[512, 1024, 2048, 4096],
-        batch=[1, 32],
-        compile=["off", "reduce-overhead"],
-        device="cuda",
-        dtype="bf16",
-        iters=20,
-        warmup=3,
-        min_time=1.0,
-        timeout=120,
-        mem_limit=120.0,
         reference=["vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
+        **GPU_SETTINGS,
     ),
     "gpu_weightformer": dict(
         models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"],
         res=[224, 512, 1024, 1248],
-        batch=[1, 32],
-        compile=["off", "reduce-overhead"],
-        device="cuda",
-        dtype="bf16",
-        iters=20,
-        warmup=3,
-        min_time=1.0,
-        timeout=120,
-        mem_limit=120.0,
         reference=["deit_tiny_patch16_224"],
+        **GPU_SETTINGS,
     ),
 }
 
