@@ -20,6 +20,7 @@ TIERS = {
     "utils": 3,
     "distributed": 3,
     "train": 4,
+    "engine": 4,
     "evaluate": 4,
     "explain": 5,
     "segment": 5,

@@ -8,7 +8,6 @@ metrics.jsonl and model.safetensors at the end.
 
 from __future__ import annotations
 
-import json
 import time
 from functools import partial
 from pathlib import Path
@@ -16,25 +15,16 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from ..distributed import all_reduce_sum, all_reduce_tensor, barrier, cleanup, init_distributed
+from ..distributed import all_reduce_sum, all_reduce_tensor, cleanup, init_distributed
+from ..engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config
 from ..evaluate import autocast, eval_loader, load_weights, unwrap_state_dict, write_json
-from ..train import (
-    atomic_write_text,
-    gather_rng,
-    optimizer_step,
-    resume_run,
-    save_epoch,
-    seed_everything,
-    training_state,
-)
 from ..utils import compile_model, output_dir
+from ..utils.runtime import seed_everything
 from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
 from .metrics import confusion_matrix, scores
 from .model import Segmenter, create_segmenter
@@ -130,12 +120,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     )
     scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
-    ddp = (
-        DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if world > 1
-        else model
-    )
-    ddp = compile_model(ddp, args.compile)
+    net = compile_model(wrap_ddp(model, world, device), args.compile)
     if rank == 0:
         config = {
             **vars(args),
@@ -145,27 +130,26 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
             "world_size": world,
             "device": str(device),
         }
-        atomic_write_text(json.dumps(config, indent=2, default=str), output / "config.json")
+        write_run_config(output, config)
         params = sum(p.numel() for p in model.parameters())
         print(
             f"{args.model} + pyramid + semantic-FPN head: {params:,} params, {split.num_classes} classes "
             f"({split.layout}), {len(loader.dataset)} train images, world {world}"
         )
-    for epoch in range(start_epoch, args.epochs):
-        seed_everything(args.seed + 1000 * epoch + rank)  # replayable on resume
-        sampler.set_epoch(epoch)
-        ddp.train()
+
+    def train_epoch(epoch: int) -> dict:
+        net.train()
         loss_sum = seen = 0.0
         start = time.perf_counter()
         bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
         for step, (images, labels) in enumerate(bar):
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             with autocast(device, args.amp):
-                logits = ddp(images)
+                logits = net(images)
             loss = F.cross_entropy(logits.float(), labels, ignore_index=split.ignore_index)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} step {step}; stopping")
-            optimizer_step(loss, ddp, optimizer, scaler, args.clip_grad)
+            optimizer_step(loss, net, optimizer, scaler, args.clip_grad)
             scheduler.step_update(num_updates=epoch * len(loader) + step + 1)
             loss_sum += loss.item() * len(images)
             seen += len(images)
@@ -173,28 +157,23 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         seconds = time.perf_counter() - start
         loss_sum, seen = all_reduce_sum([loss_sum, seen], device)
         scheduler.step(epoch + 1)
-        val = evaluate_segmentation(model, val_loader, split.num_classes, device, args.amp)
-        record = {
-            "epoch": epoch,
+        return {
             "train_loss": loss_sum / max(seen, 1),
-            "val_miou": val["miou"],
-            "val_pixel_acc": val["pixel_acc"],
-            "val_mean_acc": val["mean_acc"],
             "lr": optimizer.param_groups[0]["lr"],
             "epoch_seconds": seconds,
             "images_per_second": seen / seconds if seconds > 0 else None,
         }
-        history.append(record)
-        rngs = gather_rng(world)
-        if rank == 0:
-            save_epoch(
-                output, training_state(model, optimizer, scheduler, None, scaler, epoch, rngs, history, args), record
-            )
-            print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
-        barrier()
-    if rank == 0 and history:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(output / "model.safetensors"))
-    return history
+
+    def evaluate_epoch(epoch: int) -> dict:
+        val = evaluate_segmentation(model, val_loader, split.num_classes, device, args.amp)
+        return {"val_miou": val["miou"], "val_pixel_acc": val["pixel_acc"], "val_mean_acc": val["mean_acc"]}
+
+    def state(epoch: int, rngs: list, hist: list) -> dict:
+        return training_state(model, optimizer, scheduler, None, scaler, epoch, rngs, hist, args)
+
+    return run_epochs(
+        args, output, rank, world, start_epoch, history, sampler, train_epoch, evaluate_epoch, state, lambda: model
+    )
 
 
 def backbone_macs(model: Segmenter, size: int) -> dict:

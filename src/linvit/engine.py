@@ -1,0 +1,167 @@
+"""The training skeleton the tasks share: resume, the epoch loop, checkpoints, the final weights.
+
+Each task (classification in train.py, segmentation in segment/engine.py) builds its model, data, loss and
+evaluation and hands run_epochs one function that trains an epoch and one that evaluates; everything
+around them (replayable seeds, DDP, the metrics line, atomic checkpoints, resume) lives here once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel
+
+from .distributed import barrier
+from .evaluate import check_num_classes
+from .utils.checkpoint import atomic_save, atomic_write_text
+from .utils.runtime import rng_states, seed_everything, set_rng_states
+
+CHECKPOINT = "last.pth"
+METRICS = "metrics.jsonl"
+
+
+def find_resume(output: Path, resume: str | None) -> Path | None:
+    if not resume:
+        return None
+    if resume == "auto":
+        path = output / CHECKPOINT
+        return path if path.is_file() else None
+    path = Path(resume)
+    if not path.is_file():
+        raise ValueError(f"--resume {resume}: checkpoint not found")
+    return path
+
+
+def resume_run(output: Path, resume: str | None, model, optimizer, scheduler, ema, scaler, rank: int):
+    """Restore everything from a checkpoint (if --resume finds one); returns (start epoch, history).
+
+    metrics.jsonl is rewritten from the checkpoint's history, so the log never holds an epoch the
+    checkpoint does not (an epoch interrupted after its log line but before its checkpoint).
+    """
+    path = find_resume(output, resume)
+    if path is None:
+        return 0, []
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        missing = {"model", "optimizer", "scheduler", "epoch", "rng"} - set(ckpt)
+    except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign files all end here
+        raise ValueError(
+            f"cannot resume from {path}: the file is damaged or not a linvit checkpoint ({type(err).__name__}); "
+            f"delete it to start the run over, or pass --resume with another checkpoint"
+        ) from err
+    if missing:
+        raise ValueError(f"cannot resume from {path}: not a linvit training checkpoint (no {sorted(missing)})")
+    check_num_classes(model, ckpt["model"], path)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    if ema is not None and ckpt.get("ema") is not None:
+        ema.load_state_dict(ckpt["ema"])
+    if scaler is not None and ckpt.get("scaler") is not None:
+        scaler.load_state_dict(ckpt["scaler"])
+    set_rng_states(ckpt["rng"][min(rank, len(ckpt["rng"]) - 1)] if isinstance(ckpt["rng"], list) else ckpt["rng"])
+    history = list(ckpt.get("history", []))
+    if rank == 0:
+        atomic_write_text("".join(json.dumps(h) + "\n" for h in history), output / METRICS)
+        print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
+    return ckpt["epoch"] + 1, history
+
+
+def training_state(model, optimizer, scheduler, ema, scaler, epoch: int, rngs: list, history: list, args) -> dict:
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "ema": ema.state_dict() if ema is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "epoch": epoch,
+        "rng": rngs,
+        "history": history,
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+
+
+def save_epoch(output: Path, state: dict, record: dict) -> None:
+    """Checkpoint first, then the log line it vouches for."""
+    atomic_save(state, output / CHECKPOINT)
+    with open(output / METRICS, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, scaler, clip_grad: float | None) -> None:
+    """Backward (scaled for fp16), optional gradient clipping, one optimizer step."""
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    if clip_grad:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+
+
+def gather_rng(world: int) -> list[dict]:
+    """Every rank's RNG states (rank order) for the checkpoint; a single process has one entry."""
+    states = rng_states()
+    if world == 1:
+        return [states]
+    import torch.distributed as dist
+
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, states)
+    return gathered
+
+
+def wrap_ddp(model: nn.Module, world: int, device: torch.device) -> nn.Module:
+    """DistributedDataParallel around model when torchrun started more than one process."""
+    if world == 1:
+        return model
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def write_run_config(output: Path, config: dict) -> None:
+    """OUT/config.json: the run's arguments and what was derived from them."""
+    atomic_write_text(json.dumps(config, indent=2, default=str), output / "config.json")
+
+
+def run_epochs(
+    args,
+    output: Path,
+    rank: int,
+    world: int,
+    start_epoch: int,
+    history: list[dict],
+    sampler,
+    train_epoch: Callable[[int], dict],
+    evaluate_epoch: Callable[[int], dict],
+    state: Callable[[int, list, list], dict],
+    final_model: Callable[[], nn.Module],
+) -> list[dict]:
+    """The epoch loop: per epoch a replayable seed, the task's training pass and evaluation (each returns
+    the numbers it adds to the epoch's record), one metrics line vouched for by an atomic checkpoint
+    (state(epoch, rngs, history)); after the last epoch, final_model()'s weights as OUT/model.safetensors."""
+    for epoch in range(start_epoch, args.epochs):
+        seed_everything(args.seed + 1000 * epoch + rank)  # replayable on resume
+        sampler.set_epoch(epoch)
+        record = {"epoch": epoch, **train_epoch(epoch)}
+        record.update(evaluate_epoch(epoch))
+        history.append(record)
+        rngs = gather_rng(world)
+        if rank == 0:
+            save_epoch(output, state(epoch, rngs, history), record)
+            print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+        barrier()
+    if rank == 0 and history:
+        weights = final_model().state_dict()
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(output / "model.safetensors"))
+    return history

@@ -1,0 +1,21 @@
+"""Atomic writes: a temp file in the same folder, then a rename, so a kill never leaves a torn file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+
+def atomic_save(obj, path: Path) -> None:
+    """torch.save to a temp file in the same folder, then rename: a kill never leaves a torn file."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def atomic_write_text(text: str, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
