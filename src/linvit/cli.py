@@ -8,43 +8,6 @@ import os
 import sys
 
 
-def _cmd_models(args: argparse.Namespace) -> None:
-    """Print linvit's registered models with parameter counts (and GMACs at --img-size with --macs)."""
-    from functools import partial
-
-    import timm
-    import torch
-
-    from linvit import list_models
-
-    names = list_models(args.filter)
-    if not names:
-        raise SystemExit(f"linvit models: no model matches {args.filter!r}")
-    rows = []
-    for name in names:
-        model = timm.create_model(name).eval()
-        row = {"model": name, "params": sum(p.numel() for p in model.parameters())}
-        if args.macs:
-            from linvit.utils.flops import count_flops
-
-            with torch.no_grad():
-                flops = count_flops(partial(model, torch.zeros(1, 3, args.img_size, args.img_size)))
-            row[f"gmacs@{args.img_size}"] = round(flops / 2e9, 3)
-        if args.ops:
-            from linvit.bench.opcount import count_ops
-
-            x = torch.zeros(1, 3, args.img_size, args.img_size)
-            with torch.no_grad():
-                model(x)  # fills the inference caches (position table, folded weights)
-                row[f"ops@{args.img_size}"] = count_ops(partial(model, x)).total
-        rows.append(row)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return
-    for row in rows:
-        print("  ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()))
-
-
 def _csv(kind):
     def parse(text: str) -> list:
         try:
@@ -88,133 +51,15 @@ def _parse_kwargs(pairs: list[str]) -> dict:
     return out
 
 
-def _cmd_bench(args: argparse.Namespace) -> None:
-    """Sweep models x resolutions (x batches x compile modes), one subprocess per point; write the outputs."""
-    from linvit.bench import SUITES, suite_names
-
-    if args.suite:
-        for name in suite_names(args.suite):
-            suite = SUITES[name]
-            device = suite.get("device", args.device)
-            dtype = suite.get("dtype", args.dtype)
-            res = suite["res"]
-            batches = args.batch or suite.get("batch", [1])
-            compiles = args.compile or suite.get("compile", ["off"])
-            iters, warmup, min_time = suite.get("iters", args.iters), suite.get("warmup", args.warmup), args.min_time
-            min_time = suite.get("min_time", min_time)
-            if args.dry_run:  # the same points, tiny: a check of the plan on any machine
-                res, batches, iters, warmup, min_time = [32], batches[:1], 1, 1, 0.0
-                device = args.device
-            print(f"== suite {name}")
-            _run_bench(
-                models=suite["models"],
-                res=res,
-                out=os.path.join(args.out, name),
-                ladder=suite.get("ladder", False),
-                references=suite.get("reference", []),
-                timeout=suite.get("timeout", args.timeout),
-                mem_limit=suite.get("mem_limit", args.mem_limit),
-                batches=batches,
-                compiles=compiles,
-                common=dict(
-                    mode=args.mode,
-                    device=device,
-                    dtype=dtype,
-                    warmup=warmup,
-                    iters=iters,
-                    min_time_s=min_time,
-                    model_kwargs=suite.get("model_kwargs", {}),
-                    task=suite.get("task", args.task),
-                ),
-                command=f"linvit bench --suite {name} --device {device} --dtype {dtype} --out {args.out}",
-            )
-        return
-    if not args.models:
-        raise ValueError("give --models (comma list) or --suite")
-    _run_bench(
-        models=args.models,
-        res=args.res,
-        out=args.out,
-        ladder=args.ladder,
-        references=args.reference,
-        timeout=args.timeout,
-        mem_limit=args.mem_limit,
-        batches=args.batch or [1],
-        compiles=args.compile or ["off"],
-        common=dict(
-            mode=args.mode,
-            device=args.device,
-            dtype=args.dtype,
-            warmup=args.warmup,
-            iters=args.iters,
-            min_time_s=args.min_time,
-            model_kwargs=_parse_kwargs(args.model_kwargs),
-            task=args.task,
-        ),
-        command="linvit " + " ".join(sys.argv[1:]),
-    )
-
-
-def _run_bench(models, res, out, ladder, references, timeout, mem_limit, batches, compiles, common, command) -> None:
-    from pathlib import Path
-
-    from linvit.bench import ladder as run_ladder
-    from linvit.bench import split_name, sweep, write_outputs
-    from linvit.utils import COMPILE_MODES
-
-    for spec in [*models, *references]:
-        split_name(spec)  # fail fast on an unknown variant
-    for mode in compiles:
-        if mode not in COMPILE_MODES:
-            raise ValueError(f"--compile takes {', '.join(COMPILE_MODES)}, got {mode!r}")
-    if min(batches) < 1:
-        raise ValueError(f"--batch must be positive, got {batches}")
-    if common["device"] == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda requested but torch sees no CUDA device")
-    extra = {"command": command, "settings": {**common, "batch": batches, "compile": compiles}}
-    if ladder:
-        if len(batches) > 1 or len(compiles) > 1:
-            raise ValueError("--ladder takes one --batch and one --compile mode")
-        records, best = run_ladder(
-            models, res[0], dict(common, batch=batches[0], compile=compiles[0]), timeout, mem_limit
-        )
-        extra["ladder_max_res"] = best
-    else:
-        records = sweep(models, res, common, timeout, mem_limit, batches=batches, compiles=compiles)
-    slopes = write_outputs(records, Path(out), extra, references=references)
-    print((Path(out) / "bench.md").read_text())
-    for model, slope in slopes.items():
-        print(f"scaling exponent (latency ~ tokens^k) {model}: {'n/a' if slope is None else f'{slope:.3f}'}")
-    for model, best_res in extra.get("ladder_max_res", {}).items():
-        print(f"largest resolution that ran {model}: {best_res if best_res else 'none'}")
-    print(f"wrote {out}/bench.json, bench.csv, bench.md, scaling.png")
-
-
-def _cmd_data(args: argparse.Namespace) -> None:
-    """Build the embedded cluttered-MNIST ImageFolder tree."""
-    from linvit.data import build_cluttered_mnist
-
-    meta = build_cluttered_mnist(
-        args.out,
-        canvas=args.canvas,
-        per_class_train=args.per_class_train,
-        per_class_val=args.per_class_val,
-        clutter=args.clutter,
-        seed=args.seed,
-    )
-    print(f"wrote {meta['images']['train']} train and {meta['images']['val']} val images, boxes.json to {args.out}")
-
-
 def _runner(module: str, function: str, prepare=None):
-    """A subcommand that parses --model-kwargs and calls linvit.<module>.<function>(args), imported lazily."""
+    """A subcommand that parses --model-kwargs (if it has them) and calls linvit.<module>.<function>(args),
+    imported only when the command runs."""
 
     def run(args: argparse.Namespace) -> None:
         import importlib
 
-        args.model_kwargs = _parse_kwargs(args.model_kwargs)
+        if hasattr(args, "model_kwargs"):
+            args.model_kwargs = _parse_kwargs(args.model_kwargs)
         if prepare is not None:
             prepare(args)
         getattr(importlib.import_module(f"linvit.{module}"), function)(args)
@@ -226,29 +71,46 @@ def _layer_arg(args: argparse.Namespace) -> None:
     args.layer = args.layer if args.layer == "mean" else int(args.layer)
 
 
+def _add_model_args(p: argparse.ArgumentParser, model_help: str, kwargs_help: str) -> None:
+    """--model and --model-kwargs, one group for every command that builds a model."""
+    group = p.add_argument_group("model")
+    group.add_argument("--model", required=True, help=model_help)
+    group.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help=kwargs_help)
+
+
+def _add_runtime_args(p: argparse.ArgumentParser, batch_size: int) -> None:
+    """Batch, data loading and device flags shared by training and evaluation commands."""
+    group = p.add_argument_group("runtime")
+    group.add_argument("--batch-size", type=POSITIVE, default=batch_size, help="images per process")
+    group.add_argument(
+        "--workers", type=NON_NEGATIVE, default=min(4, os.cpu_count() or 1), help="data-loading processes"
+    )
+    group.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
+    group.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+
+
+MODEL_HELP = "registered model name, optionally with a :variant suffix"
+KWARGS_HELP = "extra timm.create_model kwargs"
+
+
 def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
     p.add_argument("--data", required=True, help="ImageNet-layout folder (DIR/<split>/<class>/*)")
     p.add_argument("--split", default="val")
-    p.add_argument("--model", required=True)
+    _add_model_args(p, MODEL_HELP, KWARGS_HELP)
     p.add_argument("--checkpoint", default=None, help="weights (.pth/.safetensors); default: random init")
     p.add_argument("--img-size", type=POSITIVE, default=None)
     p.add_argument("--crop-pct", type=float, default=None)
     p.add_argument("--limit", type=POSITIVE, default=limit, help="images used (spread evenly over the split)")
     p.add_argument("--seed", type=int, default=0, help="seed for the model's initialisation (without --checkpoint)")
-    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V")
 
 
 def _add_common_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="root of an ImageNet-layout folder (DIR/<split>/<class>/*)")
-    p.add_argument("--model", required=True, help="registered model name, optionally with a :variant suffix")
+    _add_model_args(p, MODEL_HELP, KWARGS_HELP)
     p.add_argument("--img-size", type=POSITIVE, default=None, help="input side (default: the model's)")
     p.add_argument("--crop-pct", type=float, default=None, help="eval centre-crop fraction (default: the model's)")
-    p.add_argument("--batch-size", type=POSITIVE, default=64, help="images per process")
-    p.add_argument("--workers", type=NON_NEGATIVE, default=min(4, os.cpu_count() or 1), help="data-loading processes")
-    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    _add_runtime_args(p, batch_size=64)
     _add_compile_arg(p)
-    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra timm.create_model kwargs")
 
 
 def _add_compile_arg(p: argparse.ArgumentParser) -> None:
@@ -262,15 +124,11 @@ def _add_compile_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_segment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="ADE20K folder (images/, annotations/) or a folder with masks/")
-    p.add_argument("--model", required=True, help="backbone: any registered linvit or timm ViT name")
+    _add_model_args(p, "backbone: any registered linvit or timm ViT name", "extra backbone kwargs")
     p.add_argument("--img-size", type=POSITIVE, default=None, help="evaluation: resize the shorter side to this")
-    p.add_argument("--batch-size", type=POSITIVE, default=8, help="images per process")
-    p.add_argument("--workers", type=NON_NEGATIVE, default=min(4, os.cpu_count() or 1), help="data-loading processes")
-    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    _add_runtime_args(p, batch_size=8)
     p.add_argument("--pyramid-channels", type=POSITIVE, default=256)
     p.add_argument("--head-channels", type=POSITIVE, default=128)
-    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra backbone kwargs")
 
 
 def _check_crop(args: argparse.Namespace) -> None:
@@ -326,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--img-size", type=POSITIVE, default=224, help="input side for --macs and --ops (default 224)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=_cmd_models)
+    p.set_defaults(func=_runner("bench.command", "run_models"))
 
     p = sub.add_parser("bench", help="speed / memory / FLOPs / energy sweep, one subprocess per point")
     p.add_argument(
@@ -370,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", type=_csv(str), default=[], help="models to report speed-ups against (comma list)")
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra timm.create_model kwargs")
     p.add_argument("--out", required=True, help="output folder")
-    p.set_defaults(func=_cmd_bench)
+    p.set_defaults(func=_runner("bench.command", "run_bench"))
 
     p = sub.add_parser("data", help="build the embedded datasets (offline)")
     data_sub = p.add_subparsers(dest="dataset", required=True)
@@ -381,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--per-class-val", type=POSITIVE, default=100)
     d.add_argument("--clutter", type=int, default=4, help="clutter fragments per image")
     d.add_argument("--seed", type=int, default=0)
-    d.set_defaults(func=_cmd_data)
+    d.set_defaults(func=_runner("data.cluttered_mnist", "run_cluttered_mnist"))
 
     p = sub.add_parser("train", help="train with the DeiT recipe (torchrun for DDP)")
     _add_train_args(p)

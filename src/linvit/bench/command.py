@@ -1,0 +1,154 @@
+"""`linvit bench` and `linvit models`: the command bodies (the CLI only parses and dispatches)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ..models.variants import split_name
+from ..utils import COMPILE_MODES
+from ..utils.flops import count_flops
+from .opcount import count_ops
+from .report import write_outputs
+from .runner import ladder, sweep
+from .suites import SUITES, suite_names
+
+
+def run_bench(args) -> None:
+    """Sweep models x resolutions (x batches x compile modes), one subprocess per point; write the outputs."""
+    if args.suite:
+        plans = [_suite_plan(args, name) for name in suite_names(args.suite)]
+    elif args.models:
+        plans = [_flag_plan(args)]
+    else:
+        raise ValueError("give --models (comma list) or --suite")
+    for plan in plans:
+        if args.suite:
+            print(f"== suite {plan['name']}")
+        _run_plan(**{k: v for k, v in plan.items() if k != "name"})
+
+
+def _common(args, **overrides) -> dict:
+    """The settings every point of one sweep shares, from the flags (a suite overrides some)."""
+    common = dict(
+        mode=args.mode,
+        device=args.device,
+        dtype=args.dtype,
+        warmup=args.warmup,
+        iters=args.iters,
+        min_time_s=args.min_time,
+        model_kwargs=args.model_kwargs,
+        task=args.task,
+    )
+    return {**common, **overrides}
+
+
+def _flag_plan(args) -> dict:
+    return dict(
+        name=None,
+        models=args.models,
+        res=args.res,
+        out=args.out,
+        ladder_mode=args.ladder,
+        references=args.reference,
+        timeout=args.timeout,
+        mem_limit=args.mem_limit,
+        batches=args.batch or [1],
+        compiles=args.compile or ["off"],
+        common=_common(args),
+        command="linvit " + " ".join(sys.argv[1:]),
+    )
+
+
+def _suite_plan(args, name: str) -> dict:
+    """A recorded table: the suite's settings over the flags' (--batch / --compile given explicitly win)."""
+    suite = SUITES[name]
+    device, dtype = suite.get("device", args.device), suite.get("dtype", args.dtype)
+    res, batches = suite["res"], args.batch or suite.get("batch", [1])
+    iters, warmup = suite.get("iters", args.iters), suite.get("warmup", args.warmup)
+    min_time = suite.get("min_time", args.min_time)
+    if args.dry_run:  # the same points, tiny: a check of the plan on any machine
+        res, batches, iters, warmup, min_time, device = [32], batches[:1], 1, 1, 0.0, args.device
+    common = _common(
+        args,
+        device=device,
+        dtype=dtype,
+        warmup=warmup,
+        iters=iters,
+        min_time_s=min_time,
+        model_kwargs=suite.get("model_kwargs", {}),
+        task=suite.get("task", args.task),
+    )
+    return dict(
+        name=name,
+        models=suite["models"],
+        res=res,
+        out=str(Path(args.out) / name),
+        ladder_mode=suite.get("ladder", False),
+        references=suite.get("reference", []),
+        timeout=suite.get("timeout", args.timeout),
+        mem_limit=suite.get("mem_limit", args.mem_limit),
+        batches=batches,
+        compiles=args.compile or suite.get("compile", ["off"]),
+        common=common,
+        command=f"linvit bench --suite {name} --device {device} --dtype {dtype} --out {args.out}",
+    )
+
+
+def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, batches, compiles, common, command):
+    for spec in [*models, *references]:
+        split_name(spec)  # fail fast on an unknown variant
+    for mode in compiles:
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"--compile takes {', '.join(COMPILE_MODES)}, got {mode!r}")
+    if min(batches) < 1:
+        raise ValueError(f"--batch must be positive, got {batches}")
+    if common["device"] == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but torch sees no CUDA device")
+    extra = {"command": command, "settings": {**common, "batch": batches, "compile": compiles}}
+    if ladder_mode:
+        if len(batches) > 1 or len(compiles) > 1:
+            raise ValueError("--ladder takes one --batch and one --compile mode")
+        point = dict(common, batch=batches[0], compile=compiles[0])
+        records, extra["ladder_max_res"] = ladder(models, res[0], point, timeout, mem_limit)
+    else:
+        records = sweep(models, res, common, timeout, mem_limit, batches=batches, compiles=compiles)
+    slopes = write_outputs(records, Path(out), extra, references=references)
+    print((Path(out) / "bench.md").read_text())
+    for model, slope in slopes.items():
+        print(f"scaling exponent (latency ~ tokens^k) {model}: {'n/a' if slope is None else f'{slope:.3f}'}")
+    for model, best_res in extra.get("ladder_max_res", {}).items():
+        print(f"largest resolution that ran {model}: {best_res if best_res else 'none'}")
+    print(f"wrote {out}/bench.json, bench.csv, bench.md, scaling.png")
+
+
+def run_models(args) -> None:
+    """`linvit models`: registered models with parameter counts (GMACs with --macs, ATen ops with --ops)."""
+    import timm
+
+    from linvit import list_models
+
+    names = list_models(args.filter)
+    if not names:
+        raise ValueError(f"no model matches {args.filter!r}")
+    rows = []
+    x = torch.zeros(1, 3, args.img_size, args.img_size)
+    for name in names:
+        model = timm.create_model(name).eval()
+        row = {"model": name, "params": sum(p.numel() for p in model.parameters())}
+        with torch.no_grad():
+            if args.macs:
+                row[f"gmacs@{args.img_size}"] = round(count_flops(partial(model, x)) / 2e9, 3)
+            if args.ops:
+                model(x)  # fills the inference caches (position table, derived weights)
+                row[f"ops@{args.img_size}"] = count_ops(partial(model, x)).total
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        print("  ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()))
