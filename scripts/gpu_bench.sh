@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# The GPU tables of docs/benchmarks.md in one run (about 10 minutes on one H200):
-#   bash scripts/gpu_bench.sh                 # CUDA, bf16: writes docs/bench/gpu_h200/gpu_*/bench.{json,csv,md}
-#   bash scripts/gpu_bench.sh --dry-run       # every point at 32 px on the CPU: checks the plan anywhere
+# The GPU tables of docs/benchmarks.md (CUDA, bf16; raw records in docs/bench/gpu_h200/gpu_*/):
+#   bash scripts/gpu_bench.sh                  # both tables: 80 points, 40 of them compiled
+#   bash scripts/gpu_bench.sh gpu_family4l     # one table (48 points), or gpu_weightformer (32 points)
+#   bash scripts/gpu_bench.sh --dry-run        # every point at 32 px on the CPU: checks the plan anywhere
+# Each point is a fresh process (~10 s to start on a GPU machine) and each compiled point compiles
+# (~10-30 s), so both tables take longer than one 10-minute call: run them as two calls there.
 # Extra arguments go to `linvit bench` (e.g. --compile off to skip the compiled points).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT_DIR:-docs/bench/gpu_h200}
+suite=gpu
+if [[ "${1:-}" == gpu_* ]]; then
+  suite=$1
+  shift
+fi
 if [[ "${1:-}" == "--dry-run" ]]; then
   shift
-  exec linvit bench --suite gpu --dry-run --device cpu --out "${OUT_DIR:-runs/gpu_dry_run}" "$@"
+  exec linvit bench --suite "$suite" --dry-run --device cpu --out "${OUT_DIR:-runs/gpu_dry_run}" "$@"
 fi
+out=${OUT_DIR:-docs/bench/gpu_h200}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt" || true
-exec linvit bench --suite gpu --device cuda --dtype bf16 --out "$out" "$@"
+exec linvit bench --suite "$suite" --device cuda --dtype bf16 --out "$out" "$@"
