@@ -91,3 +91,18 @@ def test_the_walker_sees_a_violation(tmp_path, monkeypatch):
     problems = _violations()
     assert any("ops (tier 0) imports train" in p for p in problems)
     assert any("private" in p for p in problems)
+
+
+def test_help_does_not_import_torch():
+    """`linvit --help` stays fast: building the parser and printing help import neither torch nor linvit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, contextlib, io, linvit_cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    linvit_cli.main(['train', '--help'])\n"
+        "heavy = sorted(m for m in ('torch', 'timm', 'linvit') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,353 @@
+"""The `linvit` command line: one subcommand per task, each with --help and a one-line error on bad input.
+
+A top-level module rather than part of the ``linvit`` package: ``import linvit`` imports torch and timm (it
+registers the models), which takes seconds, and printing ``--help`` should not. Each subcommand imports its
+``linvit.<package>`` only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _csv(kind):
+    def parse(text: str) -> list:
+        try:
+            return [kind(item) for item in text.split(",") if item]
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}: {text!r}") from err
+
+    return parse
+
+
+def _count(minimum: int):
+    """argparse type: an integer of at least ``minimum`` (epochs, batch sizes, workers, ...)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+POSITIVE, NON_NEGATIVE = _count(1), _count(0)
+
+
+def _parse_kwargs(pairs: list[str]) -> dict:
+    """['k=v', ...] -> {k: v} with v parsed as JSON when possible (numbers, true/false), else a string."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected key=value, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _runner(module: str, function: str, prepare=None):
+    """A subcommand that parses --model-kwargs (if it has them) and calls linvit.<module>.<function>(args),
+    imported only when the command runs."""
+
+    def run(args: argparse.Namespace) -> None:
+        import importlib
+
+        if hasattr(args, "model_kwargs"):
+            args.model_kwargs = _parse_kwargs(args.model_kwargs)
+        if prepare is not None:
+            prepare(args)
+        getattr(importlib.import_module(f"linvit.{module}"), function)(args)
+
+    return run
+
+
+def _layer_arg(args: argparse.Namespace) -> None:
+    args.layer = args.layer if args.layer == "mean" else int(args.layer)
+
+
+def _add_model_args(p: argparse.ArgumentParser, model_help: str, kwargs_help: str) -> None:
+    """--model and --model-kwargs, one group for every command that builds a model."""
+    group = p.add_argument_group("model")
+    group.add_argument("--model", required=True, help=model_help)
+    group.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help=kwargs_help)
+
+
+def _add_runtime_args(p: argparse.ArgumentParser, batch_size: int) -> None:
+    """Batch, data loading and device flags shared by training and evaluation commands."""
+    group = p.add_argument_group("runtime")
+    group.add_argument("--batch-size", type=POSITIVE, default=batch_size, help="images per process")
+    group.add_argument(
+        "--workers", type=NON_NEGATIVE, default=min(4, os.cpu_count() or 1), help="data-loading processes"
+    )
+    group.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
+    group.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+
+
+MODEL_HELP = "registered model name, optionally with a :variant suffix"
+KWARGS_HELP = "extra timm.create_model kwargs"
+
+
+def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
+    p.add_argument("--data", required=True, help="ImageNet-layout folder (DIR/<split>/<class>/*)")
+    p.add_argument("--split", default="val")
+    _add_model_args(p, MODEL_HELP, KWARGS_HELP)
+    p.add_argument("--checkpoint", default=None, help="weights (.pth/.safetensors); default: random init")
+    p.add_argument("--img-size", type=POSITIVE, default=None)
+    p.add_argument("--crop-pct", type=float, default=None)
+    p.add_argument("--limit", type=POSITIVE, default=limit, help="images used (spread evenly over the split)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the model's initialisation (without --checkpoint)")
+
+
+def _add_common_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="root of an ImageNet-layout folder (DIR/<split>/<class>/*)")
+    _add_model_args(p, MODEL_HELP, KWARGS_HELP)
+    p.add_argument("--img-size", type=POSITIVE, default=None, help="input side (default: the model's)")
+    p.add_argument("--crop-pct", type=float, default=None, help="eval centre-crop fraction (default: the model's)")
+    _add_runtime_args(p, batch_size=64)
+    _add_compile_arg(p)
+
+
+def _add_compile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compile",
+        choices=["off", "default", "reduce-overhead", "max-autotune"],
+        default="off",
+        help="torch.compile the model (one static graph per input size; reduce-overhead adds CUDA graphs)",
+    )
+
+
+def _add_segment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="ADE20K folder (images/, annotations/) or a folder with masks/")
+    _add_model_args(p, "backbone: any registered linvit or timm ViT name", "extra backbone kwargs")
+    p.add_argument("--img-size", type=POSITIVE, default=None, help="evaluation: resize the shorter side to this")
+    _add_runtime_args(p, batch_size=8)
+    p.add_argument("--pyramid-channels", type=POSITIVE, default=256)
+    p.add_argument("--head-channels", type=POSITIVE, default=128)
+
+
+def _check_crop(args: argparse.Namespace) -> None:
+    if len(args.crop_size) not in (1, 2) or min(args.crop_size) < 1:
+        raise ValueError(f"--crop-size takes one side or H W, got {args.crop_size}")
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    _add_common_data_args(p)
+    p.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
+    p.add_argument("--train-split", default="train")
+    p.add_argument("--val-split", default="val")
+    p.add_argument("--epochs", type=POSITIVE, default=300)
+    p.add_argument("--lr", type=float, default=None, help="absolute learning rate (default: base-lr * batch / 512)")
+    p.add_argument("--base-lr", type=float, default=5e-4, help="learning rate per 512 images of global batch")
+    p.add_argument("--min-lr", type=float, default=1e-5)
+    p.add_argument("--warmup-lr", type=float, default=1e-6)
+    p.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=5)
+    p.add_argument("--opt", default="adamw", help="timm optimizer name")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--drop-path", type=float, default=0.1, help="stochastic depth rate")
+    p.add_argument("--scale", type=float, nargs=2, default=[0.08, 1.0], help="RandomResizedCrop area range")
+    p.add_argument("--ratio", type=float, nargs=2, default=[3 / 4, 4 / 3], help="RandomResizedCrop aspect range")
+    p.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
+    p.add_argument("--aa", default="rand-m9-mstd0.5-inc1", help="RandAugment policy ('none' to disable)")
+    p.add_argument("--color-jitter", type=float, default=0.3, help="used only when --aa none")
+    p.add_argument("--reprob", type=float, default=0.25, help="random-erasing probability")
+    p.add_argument("--mixup", type=float, default=0.8, help="mixup alpha (0 = off)")
+    p.add_argument("--cutmix", type=float, default=1.0, help="cutmix alpha (0 = off)")
+    p.add_argument("--smoothing", type=float, default=0.1, help="label smoothing")
+    p.add_argument("--interpolation", default="bicubic")
+    p.add_argument("--clip-grad", type=float, default=None, help="max gradient norm (WeightFormer recipe: 5.0)")
+    p.add_argument(
+        "--model-ema", action=argparse.BooleanOptionalAction, default=False, help="keep an EMA of the weights"
+    )
+    p.add_argument("--model-ema-decay", type=float, default=0.99996)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
+    p.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="linvit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list registered models with parameter counts")
+    p.add_argument("--filter", default="", help="wildcard filter, e.g. '*linear*'")
+    p.add_argument("--macs", action="store_true", help="also count multiply-accumulates (torch flop counter)")
+    p.add_argument(
+        "--ops", action="store_true", help="also count the ATen operators one inference forward launches (no_grad)"
+    )
+    p.add_argument("--img-size", type=POSITIVE, default=224, help="input side for --macs and --ops (default 224)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_runner("bench.command", "run_models"))
+
+    p = sub.add_parser("bench", help="speed / memory / FLOPs / energy sweep, one subprocess per point")
+    p.add_argument(
+        "--models", type=_csv(str), default=None, help="comma list; 'name:variant', e.g. vit_4l_patch16_224:naive"
+    )
+    p.add_argument(
+        "--suite", default=None, help="a recorded table of docs/benchmarks.md by name, 'all' (CPU tables) or 'gpu'"
+    )
+    p.add_argument("--res", type=_csv(int), default=[224, 512, 1024], help="comma list of square input sides")
+    p.add_argument(
+        "--batch", type=_csv(int), default=None, help="comma list of batch sizes, e.g. 1,32 (latency and throughput)"
+    )
+    p.add_argument(
+        "--compile",
+        type=_csv(str),
+        default=None,
+        metavar="MODES",
+        help="comma list of off|default|reduce-overhead|max-autotune (default off); compile time is recorded apart",
+    )
+    p.add_argument("--min-time", type=float, default=0.0, help="time each point for at least this many seconds")
+    p.add_argument("--dry-run", action="store_true", help="with --suite: every point at 32 px, one iteration")
+    p.add_argument("--mode", choices=["infer", "train"], default="infer", help="forward only, or forward+backward")
+    p.add_argument(
+        "--task",
+        choices=["classify", "segment"],
+        default="classify",
+        help="the classifier, or backbone + pyramid + semantic-FPN head (150 classes) as in `linvit segment`",
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="non-fp32 runs under autocast")
+    p.add_argument(
+        "--warmup",
+        type=NON_NEGATIVE,
+        default=1,
+        help="untimed iterations (the first counts FLOPs; 0 = no warm-up, no FLOPs)",
+    )
+    p.add_argument("--iters", type=POSITIVE, default=5, help="timed iterations")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per point before it is recorded as timeout")
+    p.add_argument("--mem-limit", type=float, default=None, help="GB per point; above it the point is 'oom'")
+    p.add_argument("--ladder", action="store_true", help="per model, double the first --res until a point fails")
+    p.add_argument("--reference", type=_csv(str), default=[], help="models to report speed-ups against (comma list)")
+    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra timm.create_model kwargs")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=_runner("bench.command", "run_bench"))
+
+    p = sub.add_parser("data", help="build the embedded datasets (offline)")
+    data_sub = p.add_subparsers(dest="dataset", required=True)
+    d = data_sub.add_parser("cluttered-mnist", help="MNIST digits on a cluttered canvas, with boxes.json")
+    d.add_argument("--out", required=True)
+    d.add_argument("--canvas", type=int, default=64, help="canvas side in pixels (>= 28)")
+    d.add_argument("--per-class-train", type=POSITIVE, default=300)
+    d.add_argument("--per-class-val", type=POSITIVE, default=100)
+    d.add_argument("--clutter", type=int, default=4, help="clutter fragments per image")
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=_runner("data.cluttered_mnist", "run_cluttered_mnist"))
+
+    p = sub.add_parser("train", help="train with the DeiT recipe (torchrun for DDP)")
+    _add_train_args(p)
+    p.set_defaults(func=_runner("train", "run_train"))
+
+    p = sub.add_parser("eval", help="top-1 / top-5 / loss of a checkpoint on a split")
+    _add_common_data_args(p)
+    p.add_argument("--split", default="val")
+    p.add_argument("--checkpoint", default=None, help=".pth (ours or official WeightFormer) or .safetensors")
+    p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    p.set_defaults(func=_runner("evaluate", "run_eval"))
+
+    p = sub.add_parser("explain", help="importance maps, MoRF/LeRF, box ROC/PR-AUC, pointing game")
+    _add_analysis_args(p, limit=64)
+    p.add_argument("--boxes", default=None, help="boxes.json or a folder of VOC XML files (default DATA/boxes.json)")
+    p.add_argument("--method", default=None, help="linear|column|katz|perron|cls|rollout|grad (default: the model's)")
+    p.add_argument("--layer", default="mean", help="layer index or 'mean'")
+    p.add_argument("--steps", type=POSITIVE, default=10, help="perturbation steps")
+    p.add_argument("--tolerance", type=float, default=15.0, help="pointing-game tolerance in pixels")
+    p.add_argument("--batch-size", type=POSITIVE, default=16)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_runner("explain.run", "run_explain", _layer_arg))
+
+    p = sub.add_parser("spectral", help="Linear-InfSA importance vs the Perron vector, spectral radius, truncation gap")
+    _add_analysis_args(p, limit=8)
+    p.add_argument(
+        "--depth", type=POSITIVE, default=None, help="series truncation depth (default: number of InfSA layers)"
+    )
+    p.add_argument("--out", required=True, help="JSON file")
+    p.set_defaults(func=_runner("explain.run", "run_spectral"))
+
+    p = sub.add_parser("erf", help="effective receptive field heat map (RepLKNet protocol)")
+    _add_analysis_args(p, limit=16)
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=_runner("explain.run", "run_erf"))
+
+    p = sub.add_parser("segment", help="semantic segmentation: backbone + simple feature pyramid + semantic-FPN head")
+    seg = p.add_subparsers(dest="segment_command", required=True)
+    t = seg.add_parser("train", help="per-pixel cross-entropy training (torchrun for DDP)")
+    _add_segment_args(t)
+    t.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
+    t.add_argument("--train-split", default="train")
+    t.add_argument("--val-split", default="val")
+    t.add_argument("--epochs", type=POSITIVE, default=50)
+    t.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (per-iteration cosine schedule)")
+    t.add_argument("--weight-decay", type=float, default=0.05)
+    t.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
+    t.add_argument("--crop-size", type=int, nargs="+", default=[512], metavar="PX", help="training crop: S or H W")
+    t.add_argument("--scale", type=float, nargs=2, default=[0.5, 2.0], help="random resize range (x the crop side)")
+    t.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
+    t.add_argument("--clip-grad", type=float, default=None)
+    t.add_argument("--backbone-checkpoint", default=None, help="classification weights to start the backbone from")
+    _add_compile_arg(t)  # the training forward (fixed crops); evaluation sees images of many sizes and stays eager
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
+    t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+    t.set_defaults(func=_runner("segment.engine", "run_segment_train", _check_crop))
+    e = seg.add_parser("eval", help="mIoU, pixel accuracy and per-class IoU of a checkpoint")
+    _add_segment_args(e)
+    e.add_argument("--split", default="val")
+    e.add_argument("--checkpoint", default=None, help="segmenter weights (.safetensors/.pth from segment train)")
+    e.add_argument("--flops-at", type=POSITIVE, default=None, metavar="PX", help="also count GMACs at PX x PX")
+    e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))
+
+    p = sub.add_parser("reproduce", help="data, training, maps, spectra, ERFs and benchmarks -> OUT/report.md")
+    p.add_argument("--quick", action="store_true", help="the short recipe: about 12 minutes on 2 CPU cores")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where training and benchmarks run")
+    p.add_argument("--out", required=True, help="output folder; re-running with it reuses finished stages")
+    p.set_defaults(func=_reproduce)
+    return parser
+
+
+def _reproduce(args: argparse.Namespace) -> None:
+    from linvit.reproduce import run_reproduce
+
+    run_reproduce(args, execute=run_command)
+
+
+def run_command(argv: list[str]) -> None:
+    """Run one `linvit` command line in this process; errors propagate to the caller."""
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("linvit")
+    except PackageNotFoundError:  # running from a source tree that was not installed
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as err:  # bad input surfaces as one line, not a traceback
+        print(f"linvit {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
