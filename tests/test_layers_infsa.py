@@ -111,13 +111,9 @@ def test_linear_rejects_masks_and_pure_supports_causal():
         LinearInfSAAttention(16, num_heads=2)(x, attn_mask=torch.ones(6, 6, dtype=torch.bool))
     pure = PureInfSAAttention(16, num_heads=2)
     causal = pure(x, is_causal=True)
-    # causal: token 0 sees only itself, so later tokens change its mixer output only through the
-    # global Frobenius norm (a positive scale), never its direction
     x2 = x.clone()
-    x2[:, 1:] = torch.randn(1, 5, 16)
-    proj_free = [pure.proj.weight.pinverse() @ (o[0, 0] - pure.proj.bias) for o in (causal, pure(x2, is_causal=True))]
-    cos = torch.nn.functional.cosine_similarity(*proj_free, dim=0)
-    assert cos > 0.9999
+    x2[:, 3:] = torch.randn(1, 3, 16)  # the future of token 2 changes; tokens 0..2 must not notice
+    torch.testing.assert_close(pure(x2, is_causal=True)[:, :3], causal[:, :3], rtol=0, atol=1e-6)
     assert not torch.allclose(pure(x2)[:, 0], pure(x)[:, 0])  # without the mask token 0 does see the others
 
 

@@ -130,16 +130,45 @@ def test_bad_arguments_raise(op):
         op(q, k[:, :, :5], v, 0.9)
 
 
-def test_pure_mask_removes_pairs_before_normalisation():
+def test_pure_mask_removes_pairs_and_normalises_each_query_over_what_it_sees():
     q, k, v = _qkv(1, 1, 12, 4)
     mask = torch.rand(12, 12) > 0.3
     D = 4
     A = torch.relu(q.double() @ k.double().transpose(-2, -1) / D) * mask
-    expected = 0.9 * A / (A.square().sum().sqrt() + 1e-6) @ v.double()
+    norms = (mask.double() @ A.square().sum(-1, keepdim=True).squeeze(0).squeeze(0)).sqrt()  # (N, 1)
+    expected = 0.9 * A / (norms + 1e-6) @ v.double()
     for impl in ("dense", "chunked"):
         assert rel_err(pure_infsa(q, k, v, 0.9, impl=impl, block_size=5, attn_mask=mask), expected) <= 1e-5
+    everything = torch.ones(12, 12, dtype=torch.bool)  # an all-True mask is the unmasked global norm
+    assert rel_err(pure_infsa(q, k, v, 0.9, attn_mask=everything), pure_infsa(q, k, v, 0.9).double()) <= 1e-6
     with pytest.raises(ValueError, match="boolean"):
         pure_infsa(q, k, v, 0.9, attn_mask=mask.float())
+
+
+@pytest.mark.parametrize("impl", ["dense", "chunked"])
+def test_pure_causal_mask_hides_the_future_completely(impl):
+    """Perturbing tokens after t leaves outputs at positions <= t unchanged (the norm included)."""
+    q, k, v = _qkv(2, 3, 10, 4)
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    out = pure_infsa(q, k, v, 0.9, impl=impl, block_size=3, attn_mask=causal)
+    t = 4
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1 :] = torch.randn_like(x[:, :, t + 1 :])
+    out2 = pure_infsa(q2, k2, v2, 0.9, impl=impl, block_size=3, attn_mask=causal)
+    torch.testing.assert_close(out2[:, :, : t + 1], out[:, :, : t + 1], rtol=0, atol=1e-6)
+    assert not torch.allclose(out2[:, :, t + 1 :], out[:, :, t + 1 :])
+    # position t sees exactly what a sequence truncated after t gives
+    prefix = pure_infsa(q[:, :, : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], 0.9, attn_mask=causal[: t + 1, : t + 1])
+    torch.testing.assert_close(out[:, :, : t + 1], prefix, rtol=1e-5, atol=1e-6)
+
+
+def test_pure_padding_mask_matches_the_unpadded_sequence():
+    q, k, v = _qkv(1, 2, 9, 4)
+    valid = torch.tensor([True] * 6 + [False] * 3)
+    keep = valid[None, :].expand(9, 9)  # key padding: nobody attends to the padded tokens
+    out = pure_infsa(q, k, v, 0.9, attn_mask=keep)
+    torch.testing.assert_close(out[:, :, :6], pure_infsa(q[:, :, :6], k[:, :, :6], v[:, :, :6], 0.9))
 
 
 def test_linear_importance_is_a_distribution():

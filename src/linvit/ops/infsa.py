@@ -39,13 +39,35 @@ def infsa_operator(
 ) -> torch.Tensor:
     """The dense InfSA operator A^ = ReLU(q k^T / d) / (||ReLU(q k^T / d)||_F + eps), shape (B, H, N, N).
 
-    The Frobenius norm is per (batch, head) and accumulates in float32 for half inputs; masked-out pairs
-    (attn_mask False) are removed before normalising. Pure InfSA's dense form applies exactly this matrix,
-    and the interpretability and spectral tools read it (explain.maps, explain.spectral).
+    The Frobenius norm is per (batch, head) and accumulates in float32 for half inputs. With attn_mask
+    (False = removed), masked pairs are removed and each query row is normalised over the graph it can
+    see (masked_row_norms), so a causal or padding mask hides the removed tokens completely. Pure InfSA's
+    dense form applies exactly this matrix, and the interpretability and spectral tools read it.
     """
-    scores = _relu_scores(q, k, _check_mask(attn_mask, q))
-    norm = torch.linalg.vector_norm(scores, dim=(-2, -1), keepdim=True, dtype=accumulation_dtype(scores))
+    mask = _check_mask(attn_mask, q)
+    scores = _relu_scores(q, k, mask)
+    acc = accumulation_dtype(scores)
+    if mask is None:
+        norm = torch.linalg.vector_norm(scores, dim=(-2, -1), keepdim=True, dtype=acc)
+    else:
+        norm = masked_row_norms(_row_sq_sums(scores), mask)[..., None]
     return scores / (norm + eps).to(scores.dtype)
+
+
+def _row_sq_sums(scores: torch.Tensor) -> torch.Tensor:
+    """Sum of squared scores of every query row, (B, H, n), in the accumulation dtype."""
+    return torch.linalg.vector_norm(scores, dim=-1, dtype=accumulation_dtype(scores)).square()
+
+
+def masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-query Frobenius norm under a mask: query i is normalised over the rows of the queries it sees.
+
+    norm_i = sqrt(sum_r mask[i, r] ||A+_r||^2) for row_sq = ||A+_r||^2 of shape (B, H, N) and mask rows
+    (B, H, n, N). Without a mask (all True) this is the global norm; with a causal mask it is the norm of
+    the prefix graph, and with a padding mask that of the valid tokens, so the removed tokens never reach
+    the kept ones, not even through the normalisation (linvit's reading, docs/spec/infsa.md section 2).
+    """
+    return (mask.to(row_sq.dtype) @ row_sq[..., None]).squeeze(-1).sqrt()
 
 
 def _check_mask(attn_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
@@ -86,7 +108,8 @@ def pure_infsa(
         impl: "dense", "chunked" or "auto".
         block_size: query rows per block for the chunked form (default: from CHUNK_SCORE_BUDGET).
         attn_mask: optional boolean mask broadcastable to (B, H, N, N); False entries are removed
-            from the graph before normalisation.
+            from the graph, and each query is normalised over the rows of the queries it sees
+            (masked_row_norms), so outputs never depend on tokens the mask hides.
         dropout_p: dropout on the normalised scores (pass 0 at inference), as the release does.
 
     Returns:
@@ -121,21 +144,24 @@ def _pure_infsa_chunked(q, k, v, g, eps, block_size, mask, dropout_p):
     acc = accumulation_dtype(v)
     blocks = [(s, min(s + block_size, N)) for s in range(0, N, block_size)]
 
-    def block_sq_norm(q_blk, k_, m_blk):
-        s = _relu_scores(q_blk, k_, m_blk)
-        return torch.linalg.vector_norm(s, dim=(-2, -1), dtype=acc).square()
+    def block_row_sq(q_blk, k_, m_blk):
+        return _row_sq_sums(_relu_scores(q_blk, k_, m_blk))
 
     def block_out(q_blk, k_, v_, scale, m_blk):
         scores = _relu_scores(q_blk, k_, m_blk) * scale.to(v_.dtype)
         return F.dropout(scores, dropout_p, training=dropout_p > 0) @ v_
 
-    sq = sum(
-        _maybe_checkpoint(block_sq_norm, q[:, :, s:e], k, None if mask is None else mask[:, :, s:e]) for s, e in blocks
-    )
-    scale = g.to(acc) / (sq.sqrt()[..., None, None] + eps)  # (B, H, 1, 1): gamma / (||A+||_F + eps)
+    def mask_rows(s, e):
+        return None if mask is None else mask[:, :, s:e]
+
+    row_sq = torch.cat([_maybe_checkpoint(block_row_sq, q[:, :, s:e], k, mask_rows(s, e)) for s, e in blocks], -1)
+    if mask is None:  # gamma / (||A+||_F + eps), (B, H, 1, 1)
+        scales = [g.to(acc) / (row_sq.sum(-1).sqrt()[..., None, None] + eps)] * len(blocks)
+    else:  # one norm per query row, (B, H, n, 1)
+        scales = [g.to(acc) / (masked_row_norms(row_sq, mask_rows(s, e))[..., None] + eps) for s, e in blocks]
     outs = [
-        _maybe_checkpoint(block_out, q[:, :, s:e], k, v, scale, None if mask is None else mask[:, :, s:e])
-        for s, e in blocks
+        _maybe_checkpoint(block_out, q[:, :, s:e], k, v, scale, mask_rows(s, e))
+        for (s, e), scale in zip(blocks, scales, strict=True)
     ]
     return torch.cat(outs, dim=2)
 
