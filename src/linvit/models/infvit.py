@@ -192,6 +192,20 @@ class _Chunks:
         return (self.fn(self.x[:, s:e]) for s, e in self.spans)
 
 
+def checkpoint_filter(state_dict: dict, model: InfViT) -> dict:
+    """timm's ViT checkpoint filter (position embeddings resampled, original layouts), plus InfSA's discounts.
+
+    A softmax ViT/DeiT checkpoint has no discount parameters (theta); when it has none at all, each InfSA
+    layer keeps its initial gamma, so a pretrained softmax model loads into infvit_* / linear_infvit_* /
+    katz_infvit_* for fine-tuning. A checkpoint with only some of them is left as it is (a strict load
+    then names the missing ones).
+    """
+    state_dict = checkpoint_filter_fn(state_dict, model)
+    if not any(k.endswith(".theta") for k in state_dict):
+        state_dict.update({k: v for k, v in model.state_dict().items() if k.endswith(".theta")})
+    return state_dict
+
+
 def _cfg(**kwargs) -> dict:
     return model_cfg(paper_ids="arXiv:2603.00175", **kwargs)
 
@@ -226,7 +240,7 @@ def _create(variant: str, mixer: str, shape: str, pretrained: bool = False, **kw
         InfViT,
         variant,
         pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
+        pretrained_filter_fn=checkpoint_filter,
         feature_cfg=dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter"),
         **dict(model_args, **kwargs),
     )

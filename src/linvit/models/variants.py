@@ -10,6 +10,8 @@ The suffix selects an implementation of the same weights, so a benchmark compare
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import timm
 import torch.nn as nn
 from timm.layers import Attention
@@ -57,11 +59,38 @@ def apply_variant(model: nn.Module, variant: str | None) -> nn.Module:
     return model
 
 
-def create_variant(spec: str, img_size: int | tuple[int, int] | None = None, **kwargs) -> nn.Module:
-    """timm.create_model for 'name[:variant]', built for img_size when the model takes that argument."""
+def pretrained_overlay(name: str, path: str | Path) -> dict:
+    """timm's pretrained_cfg_overlay that loads weights from a local file (.pth/.pt/.safetensors).
+
+    The overlay states how many classes the file's classifier has, so timm keeps that classifier when the
+    model has as many and replaces it (a new head) when it has another number, as with any timm checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: pretrained file not found")
+    try:
+        state = timm.models.load_state_dict(str(path), weights_only=True)
+    except Exception as err:  # noqa: BLE001 - unpickling refusals, corrupt files
+        raise ValueError(f"{path}: cannot read checkpoint safely ({type(err).__name__}: {err})") from err
+    classifier = timm.models.get_pretrained_cfg(name).classifier if timm.models.get_pretrained_cfg(name) else None
+    heads = [classifier] if isinstance(classifier, str) else list(classifier or [])
+    weight = state.get(f"{heads[0]}.weight") if heads else None
+    return dict(file=str(path), num_classes=0 if weight is None else int(weight.shape[0]))
+
+
+def create_variant(
+    spec: str, img_size: int | tuple[int, int] | None = None, pretrained_file: str | Path | None = None, **kwargs
+) -> nn.Module:
+    """timm.create_model for 'name[:variant]', built for img_size when the model takes that argument.
+
+    pretrained_file loads weights through timm's pretrained path (the model's checkpoint filter resamples
+    position embeddings and fills InfSA discounts missing from a softmax checkpoint; see pretrained_overlay).
+    """
     name, variant = split_name(spec)
     if name not in timm.list_models():
         raise ValueError(f"unknown model {name!r} (see `linvit models` or timm.list_models())")
+    if pretrained_file is not None:
+        kwargs.update(pretrained=True, pretrained_cfg_overlay=pretrained_overlay(name, pretrained_file))
     try:
         if img_size is not None:
             try:
@@ -72,6 +101,11 @@ def create_variant(spec: str, img_size: int | tuple[int, int] | None = None, **k
             model = timm.create_model(name, **kwargs)
     except TypeError as err:
         raise ModelArgumentError(f"cannot build {name} with arguments {kwargs}: {err}") from err
+    except RuntimeError as err:  # load_state_dict: the pretrained file does not fit the model
+        if pretrained_file is None:
+            raise
+        detail = " ".join(line.strip() for line in str(err).splitlines()[1:3])
+        raise ValueError(f"{pretrained_file}: does not fit {name}: {detail[:300]}") from err
     return apply_variant(model, variant)
 
 

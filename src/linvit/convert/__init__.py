@@ -1,0 +1,13 @@
+"""Put InfSA into models people already have: ``linvit.convert(model, "linear_infsa")``.
+
+Converts timm ``Attention`` (ViT, DeiT, ...), ``torch.nn.MultiheadAttention`` (torchvision ViTs,
+``nn.TransformerEncoder``) and Hugging Face ViT / DeiT / DINOv2 attention in place, keeping the pretrained
+projections; other attention classes convert through ``target_types`` and a small adapter
+(linvit.convert.adapters). Masks reaching a converted layer are honoured by pure InfSA and refused by
+Linear- and Katz-InfSA. See README.md ("Converting pretrained models").
+"""
+
+from .adapters import AttentionWeights, UnmappableAttention
+from .core import VARIANTS, ConversionReport, convert, convert_report
+
+__all__ = ["convert", "convert_report", "ConversionReport", "AttentionWeights", "UnmappableAttention", "VARIANTS"]

@@ -1,0 +1,241 @@
+"""``linvit.convert``: replace a model's softmax attention layers by InfSA layers, keeping their weights.
+
+Every attention module an adapter recognises is checked and its replacement built before any is swapped
+in, so a model is converted completely or not at all. The report of what was converted and what was
+skipped (and why) is returned by ``convert_report(model)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn as nn
+from timm.layers import trunc_normal_
+
+from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
+
+LAYERS = {"pure_infsa": PureInfSAAttention, "linear_infsa": LinearInfSAAttention, "katz_infsa": KatzInfSAAttention}
+VARIANTS = tuple(LAYERS)
+INFSA_TYPES = tuple(LAYERS.values())
+
+
+@dataclass
+class ConvertedModule:
+    name: str
+    source: str  # the source class, e.g. "timm.layers.attention.Attention"
+    heads: int
+    width: int
+
+
+@dataclass
+class SkippedModule:
+    name: str
+    source: str
+    reason: str
+
+
+@dataclass
+class ConversionReport:
+    """What convert() did: its arguments, every module converted and every attention-like module skipped."""
+
+    variant: str
+    gamma_init: float
+    include: list[str] | None
+    exclude: list[str] | None
+    converted: list[ConvertedModule] = field(default_factory=list)
+    skipped: list[SkippedModule] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        lines = [f"converted {len(self.converted)} attention layers to {self.variant} (gamma_init {self.gamma_init})"]
+        lines += [f"  {c.name}: {c.source}, {c.heads} heads, width {c.width}" for c in self.converted]
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)}:")
+            lines += [f"  {s.name}: {s.source} ({s.reason})" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _qualname(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _patterns(value: str | Sequence[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    patterns = [value] if isinstance(value, str) else list(value)
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as err:
+            raise ValueError(f"invalid name pattern {p!r}: {err}") from err
+    return patterns
+
+
+def _selected(name: str, include: list[str] | None, exclude: list[str] | None) -> str | None:
+    """None if the module name passes include/exclude (re.search), else the reason it does not."""
+    if include is not None and not any(re.search(p, name) for p in include):
+        return "not matched by include"
+    if exclude is not None and any(re.search(p, name) for p in exclude):
+        return "matched by exclude"
+    return None
+
+
+def _looks_like_attention(module: nn.Module) -> bool:
+    return "attention" in type(module).__name__.lower() or isinstance(module, nn.MultiheadAttention)
+
+
+def _weights_of(adapter, module: nn.Module) -> AttentionWeights:
+    extract = adapter.weights if hasattr(adapter, "weights") else adapter
+    return extract(module)
+
+
+def build_layer(variant: str, w: AttentionWeights, gamma_init: float, copy_weights: bool) -> nn.Module:
+    """The linvit InfSA layer for one source attention; its weights are the source's values (copied)."""
+    cls = LAYERS[variant]
+    ref = w.qkv_weight
+    layer = cls(
+        w.dim,
+        w.num_heads,
+        qkv_bias=w.qkv_bias is not None,
+        proj_bias=w.proj_bias is not None,
+        attn_drop=0.0 if cls is KatzInfSAAttention else w.attn_drop,  # Katz never forms the attention matrix
+        proj_drop=w.proj_drop,
+        gamma_init=gamma_init,
+        device=ref.device,
+        dtype=ref.dtype,
+    )
+    for norm_name in ("q_norm", "k_norm", "norm"):
+        norm = getattr(w, norm_name)
+        if norm is not None:
+            norm = copy.deepcopy(norm)
+            if not copy_weights and hasattr(norm, "reset_parameters"):
+                norm.reset_parameters()
+            setattr(layer, norm_name, norm)
+    with torch.no_grad():
+        pairs = [(layer.qkv.weight, w.qkv_weight), (layer.proj.weight, w.proj_weight)]
+        pairs += [(layer.qkv.bias, w.qkv_bias), (layer.proj.bias, w.proj_bias)]
+        for target, source in pairs:
+            if source is None:
+                continue
+            if copy_weights:
+                target.copy_(source)
+            elif target.dim() > 1:
+                trunc_normal_(target, std=0.02)  # timm's ViT initialisation
+            else:
+                target.zero_()
+    return layer
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def convert(
+    model: nn.Module,
+    variant: str = "linear_infsa",
+    *,
+    gamma_init: float = 0.9,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+    target_types: Mapping[type, object] | Iterable[type] | None = None,
+    copy_weights: bool = True,
+) -> nn.Module:
+    """Convert the model's attention layers to InfSA in place and return the model.
+
+    Args:
+        model: any nn.Module holding timm ``Attention``, ``torch.nn.MultiheadAttention`` or Hugging Face
+            ViT / DeiT / DINOv2 attention modules.
+        variant: "linear_infsa" (O(N), the paper's Linear-InfSA), "pure_infsa" (one normalised hop, honours
+            masks) or "katz_infsa" (linvit's exact infinite-hop series in O(N)).
+        gamma_init: initial discount of every head, in (0, 1); it trains (gamma = sigmoid(theta)).
+        include, exclude: regular expressions searched in module names (``model.named_modules()``);
+            a module converts if it matches an include pattern (all do without include) and no exclude one.
+        target_types: a mapping {module type: adapter} adding (or overriding) adapters for other attention
+            classes (see linvit.convert.adapters), or a list of types restricting the conversion to them.
+        copy_weights: carry the q/k/v/output projections (and q/k norms) over; False re-initialises them.
+
+    Raises:
+        ValueError naming the module when a recognised attention cannot be converted (unknown heads,
+        cross-attention, unmappable weights); the model is then left unchanged.
+    """
+    if variant not in LAYERS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if not 0.0 < gamma_init < 1.0:
+        raise ValueError(f"gamma_init must lie in (0, 1), got {gamma_init}")
+    include, exclude = _patterns(include), _patterns(exclude)
+    adapters = builtin_adapters()
+    if isinstance(target_types, Mapping):
+        adapters.update(target_types)
+    elif target_types is not None:
+        wanted = tuple(target_types)
+        missing = [t.__name__ for t in wanted if adapter_for(t, adapters) is None]
+        if missing:
+            raise ValueError(f"no adapter for {missing}; pass target_types as a mapping {{type: adapter}}")
+        adapters = {t: adapter_for(t, adapters) for t in wanted}
+
+    report = ConversionReport(variant, gamma_init, include, exclude)
+    plan: list[tuple[str, nn.Module]] = []
+    inside: list[str] = []  # prefixes of modules already handled: their children are not attention layers
+    for name, module in model.named_modules():
+        if any(name.startswith(p + ".") for p in inside):
+            continue
+        if isinstance(module, INFSA_TYPES):
+            inside.append(name)
+            if name:
+                report.skipped.append(SkippedModule(name, _qualname(module), "already InfSA"))
+            continue
+        adapter = adapter_for(type(module), adapters)
+        if adapter is None:
+            if _looks_like_attention(module) and name:
+                report.skipped.append(SkippedModule(name, _qualname(module), "no adapter for this type (target_types)"))
+            continue
+        inside.append(name)
+        reason = _selected(name, include, exclude)
+        if reason:
+            report.skipped.append(SkippedModule(name, _qualname(module), reason))
+            continue
+        label = name or type(module).__name__
+        try:
+            weights = _weights_of(adapter, module)
+            weights.check(label)
+            layer = build_layer(variant, weights, gamma_init, copy_weights)
+        except UnmappableAttention as err:
+            message = str(err) if str(err).startswith(label + ":") else f"{label}: {err}"
+            raise ValueError(f"cannot convert {message}") from err
+        replacement = adapter.wrap(layer, module, label) if hasattr(adapter, "wrap") else layer
+        plan.append((name, replacement))
+        report.converted.append(ConvertedModule(label, _qualname(module), weights.num_heads, weights.dim))
+    if not plan:
+        raise ValueError(f"no attention layer to convert in {type(model).__name__}:\n{report}")
+    if plan[0][0] == "":
+        model = plan[0][1]  # the model is itself one attention module
+    else:
+        for name, replacement in plan:
+            _set_submodule(model, name, replacement)
+    _disable_fused_encoders(model)
+    model.linvit_conversion = report
+    return model
+
+
+def _disable_fused_encoders(model: nn.Module) -> None:
+    """nn.TransformerEncoder's nested-tensor fast path calls fused softmax kernels on self_attn's weights."""
+    for m in model.modules():
+        if isinstance(m, nn.TransformerEncoder) and not isinstance(m.layers[0].self_attn, nn.MultiheadAttention):
+            m.use_nested_tensor = False
+
+
+def convert_report(model: nn.Module) -> ConversionReport:
+    """The report convert() attached to the model (raises ValueError if it was not converted)."""
+    report = getattr(model, "linvit_conversion", None)
+    if report is None:
+        raise ValueError(f"{type(model).__name__} was not converted with linvit.convert")
+    return report
