@@ -95,6 +95,18 @@ def _add_runtime_args(p: argparse.ArgumentParser, batch_size: int) -> None:
 
 
 MODEL_HELP = "registered model name, optionally with a :variant suffix"
+CONVERT_VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.convert.VARIANTS, without importing it
+
+
+def _add_convert_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--convert",
+        choices=CONVERT_VARIANTS,
+        default=None,
+        help="convert the model's softmax attention to InfSA (linvit.convert) after loading --pretrained-file",
+    )
+
+
 KWARGS_HELP = "extra timm.create_model kwargs"
 
 
@@ -248,12 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train with the DeiT recipe (torchrun for DDP)")
     _add_train_args(p)
+    p.add_argument("--pretrained-file", default=None, help="start from these weights (.pth/.safetensors; timm's path)")
+    _add_convert_arg(p)
     p.set_defaults(func=_runner("train", "run_train"))
 
     p = sub.add_parser("eval", help="top-1 / top-5 / loss of a checkpoint on a split")
     _add_common_data_args(p)
     p.add_argument("--split", default="val")
     p.add_argument("--checkpoint", default=None, help=".pth (ours or official WeightFormer) or .safetensors")
+    _add_convert_arg(p)
     p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     p.set_defaults(func=_runner("evaluate", "run_eval"))
 
@@ -296,7 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--scale", type=float, nargs=2, default=[0.5, 2.0], help="random resize range (x the crop side)")
     t.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
     t.add_argument("--clip-grad", type=float, default=None)
-    t.add_argument("--backbone-checkpoint", default=None, help="classification weights to start the backbone from")
+    t.add_argument(
+        "--backbone-checkpoint",
+        "--pretrained-file",
+        default=None,
+        help="classification weights to start the backbone from (its head is dropped)",
+    )
+    _add_convert_arg(t)
     _add_compile_arg(t)  # the training forward (fixed crops); evaluation sees images of many sizes and stays eager
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
@@ -306,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_segment_args(e)
     e.add_argument("--split", default="val")
     e.add_argument("--checkpoint", default=None, help="segmenter weights (.safetensors/.pth from segment train)")
+    _add_convert_arg(e)
     e.add_argument("--flops-at", type=POSITIVE, default=None, metavar="PX", help="also count GMACs at PX x PX")
     e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))

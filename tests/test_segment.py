@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -327,3 +328,29 @@ def test_bench_measures_the_segmentation_model():
     assert classify["status"] == segment["status"] == "ok", (classify.get("reason"), segment.get("reason"))
     assert segment["task"] == "segment" and segment["tokens"] == classify["tokens"] == 16
     assert segment["gflops"] > classify["gflops"] and segment["params"] > classify["params"]  # pyramid + head
+
+
+def test_segmenter_backbone_loads_softmax_weights_then_converts(tmp_path):
+    """segment train --pretrained-file W --convert V: the backbone starts from W's values, as InfSA layers."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    from linvit.layers import KatzInfSAAttention
+    from linvit.segment.engine import build_model
+
+    classifier = timm.create_model("deit_tiny_patch16_224", patch_size=8, depth=2, num_classes=10)
+    save_file(classifier.state_dict(), tmp_path / "w.safetensors")
+    args = SimpleNamespace(
+        model="deit_tiny_patch16_224",
+        model_kwargs={"patch_size": 8, "depth": 2},
+        pyramid_channels=32,
+        head_channels=16,
+        backbone_checkpoint=str(tmp_path / "w.safetensors"),
+        convert="katz_infsa",
+    )
+    model = build_model(args, num_classes=11)
+    attn = model.backbone.blocks[1].attn
+    assert isinstance(attn, KatzInfSAAttention)
+    assert torch.equal(attn.qkv.weight, classifier.blocks[1].attn.qkv.weight)
+    assert model(torch.randn(1, 3, 64, 64)).shape[1] == 11

@@ -266,3 +266,27 @@ def test_bad_runs_stop_with_one_line_errors(data, tmp_path, capsys):
     ]
     assert cli_main(args) == 2
     assert "10 classes" in capsys.readouterr().err
+
+
+def test_fine_tune_a_converted_softmax_model_and_eval_rebuilds_it(data, tmp_path, capsys):
+    """train softmax -> --pretrained-file + --convert linear_infsa -> eval --convert gives the logged accuracy."""
+    common = ["--data", str(data), "--model", "deit_tiny_patch16_224", "--batch-size", "10", "--lr", "1e-3", *FAST]
+    kwargs = ["--model-kwargs", "patch_size=8", "depth=2"]
+    source = tmp_path / "softmax"
+    assert cli_main(["train", *common, "--output", str(source), "--epochs", "1", *kwargs]) == 0
+    tuned = tmp_path / "tuned"
+    weights = str(source / "model.safetensors")
+    args = ["--output", str(tuned), "--epochs", "1", "--pretrained-file", weights, "--convert", "linear_infsa"]
+    assert cli_main(["train", *common, *args, *kwargs]) == 0
+    config = json.loads((tuned / "config.json").read_text())
+    assert config["model"] == "deit_tiny_patch16_224" and config["convert"] == "linear_infsa"
+    assert config["pretrained_file"] == weights
+    assert [c["name"] for c in config["conversion"]["converted"]] == ["blocks.0.attn", "blocks.1.attn"]
+    row = _metrics(tuned)[-1]
+    evaluation = ["eval", "--data", str(data), "--model", "deit_tiny_patch16_224", "--img-size", "32"]
+    evaluation += ["--crop-pct", "1.0", "--workers", "0", "--checkpoint", str(tuned / "model.safetensors")]
+    evaluation += ["--json", str(tmp_path / "e.json")]
+    assert cli_main([*evaluation, "--convert", "linear_infsa", *kwargs]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["top1"] == pytest.approx(row["val_top1"])
+    assert cli_main([*evaluation, *kwargs]) == 2  # without --convert the weights do not fit
+    assert "does not fit" in capsys.readouterr().err

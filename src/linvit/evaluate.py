@@ -14,6 +14,7 @@ from timm.models import load_state_dict
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
+from .convert import convert_if_asked
 from .data import SafeImageFolder, collate_skip_none
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .models import WeightFormer, create_variant, weightformer
@@ -121,6 +122,7 @@ def run_eval(args) -> dict:
         root = Path(args.data) / args.split
         probe = SafeImageFolder(root)
         model = create_variant(args.model, img_size=args.img_size, num_classes=len(probe.classes), **args.model_kwargs)
+        convert_if_asked(model, getattr(args, "convert", None))
         if args.checkpoint:
             load_weights(model, args.checkpoint)
         config = resolve_data_config({"img_size": args.img_size, "crop_pct": args.crop_pct}, model=model)

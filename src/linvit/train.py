@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
+from .convert import convert_if_asked
 from .data import SafeImageFolder, collate_skip_none
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config
@@ -115,8 +116,14 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     probe = SafeImageFolder(Path(args.data) / args.train_split)
     num_classes = len(probe.classes)
     model = create_variant(
-        args.model, img_size=args.img_size, num_classes=num_classes, drop_path_rate=args.drop_path, **args.model_kwargs
+        args.model,
+        img_size=args.img_size,
+        num_classes=num_classes,
+        drop_path_rate=args.drop_path,
+        pretrained_file=getattr(args, "pretrained_file", None),
+        **args.model_kwargs,
     )
+    conversion = convert_if_asked(model, getattr(args, "convert", None))
     train_set, val_set, data_config = build_datasets(args, model)
     model.to(device)
     global_batch = args.batch_size * world
@@ -169,10 +176,12 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
             "num_classes": num_classes,
             "data_config": data_config,
             "device": str(device),
+            "conversion": conversion,
         }
         write_run_config(output, config)
+        name = f"{args.model} -> {args.convert}" if conversion else args.model
         print(
-            f"{args.model}: {sum(p.numel() for p in model.parameters()):,} params, {num_classes} classes, "
+            f"{name}: {sum(p.numel() for p in model.parameters()):,} params, {num_classes} classes, "
             f"{len(train_set)} train / {len(val_set)} val images, lr {lr:.3g}, world {world}"
         )
     train_net = compile_model(wrap_ddp(model, world, device), args.compile)

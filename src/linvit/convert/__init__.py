@@ -8,6 +8,14 @@ Linear- and Katz-InfSA. See README.md ("Converting pretrained models").
 """
 
 from .adapters import AttentionWeights, UnmappableAttention
-from .core import VARIANTS, ConversionReport, convert, convert_report
+from .core import VARIANTS, ConversionReport, convert, convert_if_asked, convert_report
 
-__all__ = ["convert", "convert_report", "ConversionReport", "AttentionWeights", "UnmappableAttention", "VARIANTS"]
+__all__ = [
+    "convert",
+    "convert_report",
+    "convert_if_asked",
+    "ConversionReport",
+    "AttentionWeights",
+    "UnmappableAttention",
+    "VARIANTS",
+]

@@ -233,6 +233,14 @@ def _disable_fused_encoders(model: nn.Module) -> None:
             m.use_nested_tensor = False
 
 
+def convert_if_asked(model: nn.Module, variant: str | None) -> dict | None:
+    """The commands' --convert: convert in place when a variant is given; the report as a dict for the run's
+    metadata (None when nothing was asked). The model must hold its attention layers below the top level."""
+    if variant is None:
+        return None
+    return convert_report(convert(model, variant)).to_dict()
+
+
 def convert_report(model: nn.Module) -> ConversionReport:
     """The report convert() attached to the model (raises ValueError if it was not converted)."""
     report = getattr(model, "linvit_conversion", None)

@@ -20,6 +20,7 @@ from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
+from ..convert import convert_if_asked
 from ..distributed import all_reduce_sum, all_reduce_tensor, cleanup, init_distributed
 from ..engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config
 from ..evaluate import autocast, eval_loader, load_weights, unwrap_state_dict, write_json
@@ -34,6 +35,7 @@ def build_model(args, num_classes: int) -> Segmenter:
     model = create_segmenter(args.model, num_classes, args.pyramid_channels, args.head_channels, **args.model_kwargs)
     if getattr(args, "backbone_checkpoint", None):
         load_backbone(model.backbone, args.backbone_checkpoint)
+    convert_if_asked(model.backbone, getattr(args, "convert", None))  # after loading the softmax weights
     return model
 
 
