@@ -95,7 +95,7 @@ def _add_runtime_args(p: argparse.ArgumentParser, batch_size: int) -> None:
 
 
 MODEL_HELP = "registered model name, optionally with a :variant suffix"
-CONVERT_VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.convert.VARIANTS, without importing it
+CONVERT_VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.conversion.VARIANTS, without importing it
 
 
 def _add_convert_arg(p: argparse.ArgumentParser) -> None:

@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention
 
-import linvit  # noqa: F401  (registers the models)
-from linvit.convert import AttentionWeights, convert, convert_report
+from linvit import convert, convert_report
+from linvit.conversion import AttentionWeights
 from linvit.layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from linvit.models.variants import create_variant
 from linvit.ops import pure_infsa
@@ -262,3 +262,17 @@ def test_hugging_face_models_convert(kind):
     linear = convert(model_cls(config), "linear_infsa")
     with pytest.raises(ValueError, match="mask"):
         linear(pixel_values=torch.randn(1, 3, 32, 32), attention_mask=torch.tensor([[1] * 12 + [0] * 5]))
+
+
+def test_a_converted_timm_model_saves_and_reloads_the_timm_way(tmp_path):
+    from timm.models import save_for_hf
+
+    model = timm.create_model("deit_tiny_patch16_224", patch_size=8, img_size=32, depth=2, num_classes=4)
+    convert(model, "katz_infsa", gamma_init=0.7, exclude=r"blocks\.1\.")
+    model.blocks[0].attn.theta.data.add_(0.3)  # as if trained
+    save_for_hf(model, tmp_path, safe_serialization=True)
+    again = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    assert isinstance(again.blocks[0].attn, KatzInfSAAttention) and type(again.blocks[1].attn) is Attention
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), model.eval()(x), rtol=0, atol=0)

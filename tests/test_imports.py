@@ -19,7 +19,7 @@ TIERS = {
     "data": 3,
     "utils": 3,
     "distributed": 3,
-    "convert": 3,
+    "conversion": 3,
     "train": 4,
     "engine": 4,
     "evaluate": 4,

@@ -1,13 +1,15 @@
 """linvit: linear-time global vision backbones (InfSA, Linear-InfSA, Katz-InfSA, WeightFormer) in timm.
 
 ``import linvit`` registers every model with timm, so ``timm.create_model("linear_infvit_4l_patch16_224")``
-works; ``linvit.create_model`` and ``linvit.list_models`` are thin re-exports.
+works; ``linvit.create_model`` and ``linvit.list_models`` are thin re-exports. ``linvit.convert(model, variant)``
+puts InfSA into an existing timm / torchvision / Hugging Face model (linvit.conversion).
 """
 
 from timm import create_model
 from timm import list_models as _timm_list_models
 
 from . import layers, models, ops
+from .conversion import convert, convert_report
 
 __version__ = "0.1.0"
 
@@ -24,4 +26,4 @@ def list_models(filter: str = "", **kwargs) -> list[str]:
     return sorted(n for n in _timm_list_models(filter or "*", **kwargs) if n in ours)
 
 
-__all__ = ["create_model", "list_models", "ops", "layers", "models", "__version__"]
+__all__ = ["create_model", "list_models", "convert", "convert_report", "ops", "layers", "models", "__version__"]

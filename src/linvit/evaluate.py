@@ -14,7 +14,7 @@ from timm.models import load_state_dict
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from .convert import convert_if_asked
+from .conversion import convert_if_asked
 from .data import SafeImageFolder, collate_skip_none
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .models import WeightFormer, create_variant, weightformer

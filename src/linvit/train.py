@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from .convert import convert_if_asked
+from .conversion import convert_if_asked
 from .data import SafeImageFolder, collate_skip_none
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config

@@ -20,7 +20,7 @@ from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from ..convert import convert_if_asked
+from ..conversion import convert_if_asked
 from ..distributed import all_reduce_sum, all_reduce_tensor, cleanup, init_distributed
 from ..engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config
 from ..evaluate import autocast, eval_loader, load_weights, unwrap_state_dict, write_json

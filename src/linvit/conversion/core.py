@@ -18,6 +18,7 @@ from timm.layers import trunc_normal_
 
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
+from .timm_model import mark_converted
 
 LAYERS = {"pure_infsa": PureInfSAAttention, "linear_infsa": LinearInfSAAttention, "katz_infsa": KatzInfSAAttention}
 VARIANTS = tuple(LAYERS)
@@ -160,7 +161,7 @@ def convert(
         include, exclude: regular expressions searched in module names (``model.named_modules()``);
             a module converts if it matches an include pattern (all do without include) and no exclude one.
         target_types: a mapping {module type: adapter} adding (or overriding) adapters for other attention
-            classes (see linvit.convert.adapters), or a list of types restricting the conversion to them.
+            classes (see linvit.conversion.adapters), or a list of types restricting the conversion to them.
         copy_weights: carry the q/k/v/output projections (and q/k norms) over; False re-initialises them.
 
     Raises:
@@ -222,6 +223,7 @@ def convert(
         for name, replacement in plan:
             _set_submodule(model, name, replacement)
     _disable_fused_encoders(model)
+    mark_converted(model, variant, gamma_init, include, exclude)  # timm models save and reload as infsa_converted
     model.linvit_conversion = report
     return model
 

@@ -3,12 +3,13 @@
 Converts timm ``Attention`` (ViT, DeiT, ...), ``torch.nn.MultiheadAttention`` (torchvision ViTs,
 ``nn.TransformerEncoder``) and Hugging Face ViT / DeiT / DINOv2 attention in place, keeping the pretrained
 projections; other attention classes convert through ``target_types`` and a small adapter
-(linvit.convert.adapters). Masks reaching a converted layer are honoured by pure InfSA and refused by
+(linvit.conversion.adapters). Masks reaching a converted layer are honoured by pure InfSA and refused by
 Linear- and Katz-InfSA. See README.md ("Converting pretrained models").
 """
 
 from .adapters import AttentionWeights, UnmappableAttention
 from .core import VARIANTS, ConversionReport, convert, convert_if_asked, convert_report
+from .timm_model import infsa_converted
 
 __all__ = [
     "convert",
@@ -18,4 +19,5 @@ __all__ = [
     "AttentionWeights",
     "UnmappableAttention",
     "VARIANTS",
+    "infsa_converted",
 ]

@@ -1,0 +1,60 @@
+"""Converted timm models as timm models: ``infsa_converted`` rebuilds one from its source name and conversion.
+
+``convert`` records, on a timm model, the architecture ``infsa_converted`` and the arguments that rebuild it
+(source_model, convert_variant, gamma_init, include, exclude, plus the source's own arguments). So
+``timm.models.save_for_hf(model, DIR)`` writes a config.json that ``timm.create_model("local-dir:DIR",
+pretrained=True)`` (after ``import linvit``) turns back into the converted model with its weights.
+"""
+
+from __future__ import annotations
+
+import timm
+import torch.nn as nn
+from timm.models import generate_default_cfgs, load_pretrained, register_model
+
+ARCHITECTURE = "infsa_converted"
+CONVERSION_ARGS = ("source_model", "convert_variant", "gamma_init", "include", "exclude")
+
+default_cfgs = generate_default_cfgs({ARCHITECTURE: dict(url="", license="mit", paper_ids="arXiv:2603.00175")})
+
+
+def mark_converted(model: nn.Module, variant: str, gamma_init: float, include, exclude) -> None:
+    """Record on a timm model how to rebuild it converted (a no-op for models timm did not create)."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    if not isinstance(cfg, dict) or "architecture" not in cfg:
+        return
+    args = dict(getattr(model, "_model_args", {}))
+    source = args.get("source_model", cfg["architecture"])  # converting a converted model keeps the source
+    args.update(source_model=source, convert_variant=variant, gamma_init=gamma_init, include=include, exclude=exclude)
+    model._model_args = args
+    model.pretrained_cfg = {**cfg, "architecture": ARCHITECTURE}
+
+
+@register_model
+def infsa_converted(
+    pretrained: bool = False,
+    *,
+    source_model: str,
+    convert_variant: str = "linear_infsa",
+    gamma_init: float = 0.9,
+    include=None,
+    exclude=None,
+    pretrained_cfg=None,
+    pretrained_cfg_overlay=None,
+    cache_dir=None,
+    **kwargs,
+) -> nn.Module:
+    """timm's ``source_model`` with its attention converted to InfSA (linvit.convert), weights from a saved
+    converted model when pretrained (e.g. ``timm.create_model("local-dir:RUN", pretrained=True)``)."""
+    from .core import convert  # core imports this module's mark_converted
+
+    kwargs.pop("pretrained_model_args", None)
+    model = timm.create_model(source_model, **kwargs)
+    convert(model, convert_variant, gamma_init=gamma_init, include=include, exclude=exclude)
+    if pretrained_cfg is not None:
+        cfg = pretrained_cfg if isinstance(pretrained_cfg, dict) else pretrained_cfg.to_dict()
+        model.pretrained_cfg = {**model.pretrained_cfg, **cfg, **(pretrained_cfg_overlay or {})}
+        model.pretrained_cfg["architecture"] = ARCHITECTURE
+    if pretrained:
+        load_pretrained(model, model.pretrained_cfg, num_classes=model.num_classes, cache_dir=cache_dir)
+    return model
