@@ -12,9 +12,9 @@ DATA=data/cmnist48
 RECIPE=(--data $DATA --img-size 48 --crop-pct 1.0 --batch-size 16 --lr 5e-4 --drop-path 0 --aa none --mixup 0
     --cutmix 0 --reprob 0 --scale 1 1 --ratio 1 1 --hflip 0 --workers 0 --no-progress)
 KW=(--model-kwargs patch_size=6)
-train() {  # train OUTPUT ARGS...: skipped when OUTPUT already holds finished weights
+train() {  # train OUTPUT ARGS...: skipped when OUTPUT holds finished weights, resumed when it holds a checkpoint
     local out=$1; shift
-    [ -f "$out/model.safetensors" ] || linvit train "${RECIPE[@]}" --output "$out" "$@" "${KW[@]}"
+    [ -f "$out/model.safetensors" ] || linvit train "${RECIPE[@]}" --output "$out" --resume auto "$@" "${KW[@]}"
 }
 for s in $SEEDS; do
     train $OUT/softmax_s$s --seed $s --model deit_tiny_patch16_224 --epochs 8 --warmup-epochs 1

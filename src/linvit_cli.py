@@ -43,7 +43,10 @@ POSITIVE, NON_NEGATIVE = _count(1), _count(0)
 
 
 def _parse_kwargs(pairs: list[str]) -> dict:
-    """['k=v', ...] -> {k: v} with v parsed as JSON when possible (numbers, true/false), else a string."""
+    """['k=v', ...] -> {k: v} with v parsed as JSON when possible (numbers, true/false), else a string.
+    A dict (from --config or a run's args.yaml) is taken as it is."""
+    if isinstance(pairs, dict):
+        return pairs
     out = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
@@ -76,10 +79,10 @@ def _layer_arg(args: argparse.Namespace) -> None:
     args.layer = args.layer if args.layer == "mean" else int(args.layer)
 
 
-def _add_model_args(p: argparse.ArgumentParser, model_help: str, kwargs_help: str) -> None:
+def _add_model_args(p: argparse.ArgumentParser, model_help: str, kwargs_help: str, required: bool = True) -> None:
     """--model and --model-kwargs, one group for every command that builds a model."""
     group = p.add_argument_group("model")
-    group.add_argument("--model", required=True, help=model_help)
+    group.add_argument("--model", required=required, default=None, help=model_help)
     group.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help=kwargs_help)
 
 
@@ -121,9 +124,10 @@ def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for the model's initialisation (without --checkpoint)")
 
 
-def _add_common_data_args(p: argparse.ArgumentParser) -> None:
+def _add_common_data_args(p: argparse.ArgumentParser, model_required: bool = True) -> None:
     p.add_argument("--data", required=True, help="root of an ImageNet-layout folder (DIR/<split>/<class>/*)")
-    _add_model_args(p, MODEL_HELP, KWARGS_HELP)
+    model_help = MODEL_HELP if model_required else MODEL_HELP + " (default: the run's, with --checkpoint RUN)"
+    _add_model_args(p, model_help, KWARGS_HELP, required=model_required)
     p.add_argument("--img-size", type=POSITIVE, default=None, help="input side (default: the model's)")
     p.add_argument("--crop-pct", type=float, default=None, help="eval centre-crop fraction (default: the model's)")
     _add_runtime_args(p, batch_size=64)
@@ -139,9 +143,12 @@ def _add_compile_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_segment_args(p: argparse.ArgumentParser) -> None:
+def _add_segment_args(p: argparse.ArgumentParser, model_required: bool = True) -> None:
     p.add_argument("--data", required=True, help="ADE20K folder (images/, annotations/) or a folder with masks/")
-    _add_model_args(p, "backbone: any registered linvit or timm ViT name", "extra backbone kwargs")
+    backbone = "backbone: any registered linvit or timm ViT name"
+    if not model_required:
+        backbone += " (default: the run's, with --checkpoint RUN)"
+    _add_model_args(p, backbone, "extra backbone kwargs", required=model_required)
     p.add_argument("--img-size", type=POSITIVE, default=None, help="evaluation: resize the shorter side to this")
     _add_runtime_args(p, batch_size=8)
     p.add_argument("--pyramid-channels", type=POSITIVE, default=256)
@@ -186,6 +193,16 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
     p.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+    _add_log_arg(p)
+
+
+def _add_log_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log",
+        choices=["none", "tensorboard"],
+        default="none",
+        help="also write the per-epoch numbers to OUT/tensorboard (metrics.jsonl is always written)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -265,9 +282,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_runner("train", "run_train"))
 
     p = sub.add_parser("eval", help="top-1 / top-5 / loss of a checkpoint on a split")
-    _add_common_data_args(p)
+    _add_common_data_args(p, model_required=False)
     p.add_argument("--split", default="val")
-    p.add_argument("--checkpoint", default=None, help=".pth (ours or official WeightFormer) or .safetensors")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a run folder (its model.safetensors; the model comes from its args.yaml unless --model is given), "
+        "or .pth (ours, timm's, official WeightFormer) / .safetensors",
+    )
+    p.add_argument(
+        "--ema",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="evaluate the EMA weights of a checkpoint that holds them (default: yes), or --no-ema for the raw ones",
+    )
     _add_convert_arg(p)
     p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     p.set_defaults(func=_runner("evaluate", "run_eval"))
@@ -322,11 +350,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
     t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+    _add_log_arg(t)
     t.set_defaults(func=_runner("segment.engine", "run_segment_train", _check_crop))
     e = seg.add_parser("eval", help="mIoU, pixel accuracy and per-class IoU of a checkpoint")
-    _add_segment_args(e)
+    _add_segment_args(e, model_required=False)
     e.add_argument("--split", default="val")
-    e.add_argument("--checkpoint", default=None, help="segmenter weights (.safetensors/.pth from segment train)")
+    e.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a segment train run folder (the model comes from its args.yaml unless --model is given) or weights",
+    )
     _add_convert_arg(e)
     e.add_argument("--flops-at", type=POSITIVE, default=None, metavar="PX", help="also count GMACs at PX x PX")
     e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
@@ -337,7 +370,83 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where training and benchmarks run")
     p.add_argument("--out", required=True, help="output folder; re-running with it reuses finished stages")
     p.set_defaults(func=_reproduce)
+    parser.commands = _leaf_parsers(sub)
+    for leaf in parser.commands.values():
+        leaf.add_argument(
+            "--config",
+            default=None,
+            metavar="FILE.yaml",
+            help="defaults for this command's flags (keys as the flag names); flags on the command line win",
+        )
     return parser
+
+
+def _leaf_parsers(sub: argparse._SubParsersAction, prefix: tuple = ()) -> dict[tuple, argparse.ArgumentParser]:
+    """('train',) / ('segment', 'train') -> the parser of that command."""
+    leaves = {}
+    for name, p in sub.choices.items():
+        nested = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        leaves.update(_leaf_parsers(nested[0], (*prefix, name)) if nested else {(*prefix, name): p})
+    return leaves
+
+
+def _config_file(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _apply_config(p: argparse.ArgumentParser, path: str) -> None:
+    """Make the YAML file's values the command's defaults (timm's train.py convention), checked like flags."""
+    import yaml
+
+    try:
+        values = yaml.safe_load(open(path)) or {}
+    except (OSError, yaml.YAMLError) as err:
+        p.error(f"--config {path}: cannot read it ({err})")
+    if not isinstance(values, dict):
+        p.error(f"--config {path}: expected a mapping of flag names to values")
+    actions = {a.dest: a for a in p._actions if a.dest not in ("help", "config")}
+    defaults = {}
+    for key, value in values.items():
+        dest = str(key).replace("-", "_")
+        if dest not in actions:
+            p.error(f"--config {path}: {key!r} is not an option of this command")
+        defaults[dest] = _config_value(p, actions[dest], value, path)
+        actions[dest].required = False
+    p.set_defaults(**defaults)
+
+
+def _config_value(p: argparse.ArgumentParser, action: argparse.Action, value, path: str):
+    """value as the flag would have parsed it: typed, and within its choices."""
+    items = value if isinstance(value, list) and action.nargs is not None else [value]
+    parsed = []
+    for item in items:
+        if action.type is not None and item is not None and not isinstance(item, (bool, list, dict)):
+            try:
+                item = action.type(str(item))
+            except (argparse.ArgumentTypeError, ValueError) as err:
+                p.error(f"--config {path}: {action.dest}: {err}")
+        if action.choices is not None and item is not None and item not in action.choices:
+            p.error(f"--config {path}: {action.dest}: {item!r} is not one of {list(action.choices)}")
+        parsed.append(item)
+    return parsed if items is value else parsed[0]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line, with --config FILE.yaml supplying defaults for the chosen command."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config = _config_file(argv)
+    if config is not None:
+        leaf = parser.commands.get(tuple(argv[:2])) or parser.commands.get(tuple(argv[:1]))
+        if leaf is None:
+            parser.error("--config goes after the command, e.g. `linvit train --config run.yaml`")
+        _apply_config(leaf, config)
+    return parser.parse_args(argv)
 
 
 def _reproduce(args: argparse.Namespace) -> None:
@@ -348,7 +457,7 @@ def _reproduce(args: argparse.Namespace) -> None:
 
 def run_command(argv: list[str]) -> None:
     """Run one `linvit` command line in this process; errors propagate to the caller."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     args.func(args)
 
 
@@ -362,7 +471,7 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         args.func(args)
     except ValueError as err:  # bad input surfaces as one line, not a traceback

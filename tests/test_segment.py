@@ -243,6 +243,14 @@ def test_segment_train_resume_and_eval_end_to_end(data, tmp_path):
     )
     metrics = json.loads(result.read_text())
     assert metrics["miou"] == pytest.approx(rows[-1]["val_miou"])  # the saved weights are the logged ones
+    config = json.loads((out / "config.json").read_text())
+    assert config["linvit"]["task"] == "segmentation" and config["label_names"][1] == "digit 0"
+    assert "segment eval --checkpoint" in (out / "README.md").read_text()
+    # the run folder alone: backbone, kwargs and head widths from its args.yaml
+    again = tmp_path / "again.json"
+    by_folder = ["segment", "eval", "--data", str(data), "--checkpoint", str(out), "--json", str(again)]
+    assert cli_main([*by_folder, "--workers", "0", "--device", "cpu"]) == 0
+    assert json.loads(again.read_text())["miou"] == pytest.approx(rows[-1]["val_miou"])
     assert len(metrics["per_class_iou"]) == 11 and metrics["class_names"][1] == "digit 0"
     assert 0 < metrics["backbone_gmacs@64"] < metrics["segmenter_gmacs@64"]
 

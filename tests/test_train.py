@@ -189,7 +189,7 @@ def test_torchrun_two_processes_agree(data, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     ranks = [json.loads((tmp_path / f"final_val_rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["val_top1"] == ranks[1]["val_top1"] and ranks[0]["val_loss"] == ranks[1]["val_loss"]
-    assert json.loads((tmp_path / "config.json").read_text())["world_size"] == 2
+    assert json.loads((tmp_path / "config.json").read_text())["linvit"]["world_size"] == 2
     assert len(_metrics(tmp_path)) == 1
 
 
@@ -278,7 +278,10 @@ def test_fine_tune_a_converted_softmax_model_and_eval_rebuilds_it(data, tmp_path
     weights = str(source / "model.safetensors")
     args = ["--output", str(tuned), "--epochs", "1", "--pretrained-file", weights, "--convert", "linear_infsa"]
     assert cli_main(["train", *common, *args, *kwargs]) == 0
-    config = json.loads((tuned / "config.json").read_text())
+    timm_config = json.loads((tuned / "config.json").read_text())
+    assert timm_config["architecture"] == "infsa_converted"  # timm rebuilds it converted (local-dir:RUN)
+    assert timm_config["model_args"]["source_model"] == "deit_tiny_patch16_224"
+    config = timm_config["linvit"]
     assert config["model"] == "deit_tiny_patch16_224" and config["convert"] == "linear_infsa"
     assert config["pretrained_file"] == weights
     assert [c["name"] for c in config["conversion"]["converted"]] == ["blocks.0.attn", "blocks.1.attn"]
@@ -290,3 +293,54 @@ def test_fine_tune_a_converted_softmax_model_and_eval_rebuilds_it(data, tmp_path
     assert json.loads((tmp_path / "e.json").read_text())["top1"] == pytest.approx(row["val_top1"])
     assert cli_main([*evaluation, *kwargs]) == 2  # without --convert the weights do not fit
     assert "does not fit" in capsys.readouterr().err
+    # the source evaluated as converted, before fine-tuning: softmax weights load first, then convert
+    source_eval = [*evaluation[:-4], "--checkpoint", weights, "--convert", "linear_infsa", *kwargs]
+    assert cli_main(source_eval) == 0
+
+
+def test_a_run_folder_reloads_with_timm_and_eval_alone_and_reruns_from_its_config(data, tmp_path, capsys):
+    import timm
+    import yaml
+
+    run = tmp_path / "run"
+    train = ["train", "--data", str(data), "--model", "deit_tiny_patch16_224", "--output", str(run), "--epochs", "2"]
+    train += ["--batch-size", "10", "--lr", "1e-3", "--model-ema", "--model-ema-decay", "0.5", "--log", "tensorboard"]
+    assert cli_main([*train, *FAST, "--model-kwargs", "patch_size=8", "depth=2"]) == 0
+    rows = _metrics(run)
+    config = json.loads((run / "config.json").read_text())
+    assert config["architecture"] == "deit_tiny_patch16_224" and config["num_classes"] == 10
+    assert config["label_names"][:2] == ["0", "1"] and config["model_args"]["patch_size"] == 8
+    assert config["linvit"]["weights"] == "ema" and config["linvit"]["final"] == rows[-1]
+    card = (run / "README.md").read_text()
+    assert "local-dir:" in card and f"{rows[-1]['val_top1_ema']:.4g}" in card
+    assert list((run / "tensorboard").iterdir())  # an event file
+
+    # timm rebuilds the trained model from the folder alone
+    model = timm.create_model(f"local-dir:{run}", pretrained=True).eval()
+    from linvit.evaluate import read_weights
+
+    state, which = read_weights(run / "last.pth")
+    assert which == "ema" and all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+    def evaluate(*extra):
+        out = tmp_path / "e.json"
+        common = ["eval", "--data", str(data), "--workers", "0", "--json", str(out)]
+        code = cli_main([*common, *extra])
+        return json.loads(out.read_text()) if code == 0 else code
+
+    by_folder = evaluate("--checkpoint", str(run))  # no --model: the run's args.yaml defines it
+    assert by_folder["top1"] == pytest.approx(rows[-1]["val_top1_ema"]) and by_folder["weights"] == "ema"
+    assert evaluate("--checkpoint", str(run / "last.pth"))["top1"] == pytest.approx(rows[-1]["val_top1_ema"])
+    raw = evaluate("--checkpoint", str(run / "last.pth"), "--no-ema")
+    assert raw["top1"] == pytest.approx(rows[-1]["val_top1"]) and raw["weights"] == "model"
+    capsys.readouterr()
+    assert evaluate("--checkpoint", str(run), "--no-ema") == 2
+    assert "raw weights are in last.pth" in capsys.readouterr().err
+    assert evaluate("--checkpoint", str(tmp_path)) == 2  # a folder without model.safetensors
+
+    # args.yaml reruns the command exactly (a new output folder given on the command line)
+    saved = yaml.safe_load((run / "args.yaml").read_text())
+    assert saved["model_kwargs"] == {"patch_size": 8, "depth": 2} and saved["epochs"] == 2
+    again = tmp_path / "again"
+    assert cli_main(["train", "--config", str(run / "args.yaml"), "--output", str(again), "--log", "none"]) == 0
+    assert _metrics(again)[-1]["val_top1"] == rows[-1]["val_top1"]

@@ -13,16 +13,18 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from safetensors.torch import save_file
+import yaml
 from torch.nn.parallel import DistributedDataParallel
 
 from .distributed import barrier
 from .evaluate import check_num_classes
+from .utils.artifacts import CONFIG, save_model_folder, write_model_card
 from .utils.checkpoint import atomic_save, atomic_write_text
 from .utils.runtime import rng_states, seed_everything, set_rng_states
 
 CHECKPOINT = "last.pth"
 METRICS = "metrics.jsonl"
+ARGS = "args.yaml"
 
 
 def find_resume(output: Path, resume: str | None) -> Path | None:
@@ -129,9 +131,9 @@ def wrap_ddp(model: nn.Module, world: int, device: torch.device) -> nn.Module:
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
-def write_run_config(output: Path, config: dict) -> None:
-    """OUT/config.json: the run's arguments and what was derived from them."""
-    atomic_write_text(json.dumps(config, indent=2, default=str), output / "config.json")
+def write_run_config(output: Path, args) -> None:
+    """OUT/args.yaml: the command's effective arguments; `linvit <command> --config OUT/args.yaml` reruns it."""
+    atomic_write_text(args_yaml(args), output / ARGS)
 
 
 def run_epochs(
@@ -146,10 +148,15 @@ def run_epochs(
     evaluate_epoch: Callable[[int], dict],
     state: Callable[[int, list, list], dict],
     final_model: Callable[[], nn.Module],
+    run_info: dict,
+    label_names: list[str] | None = None,
 ) -> list[dict]:
     """The epoch loop: per epoch a replayable seed, the task's training pass and evaluation (each returns
     the numbers it adds to the epoch's record), one metrics line vouched for by an atomic checkpoint
-    (state(epoch, rngs, history)); after the last epoch, final_model()'s weights as OUT/model.safetensors."""
+    (state(epoch, rngs, history)); after the last epoch, OUT becomes a model folder: final_model()'s weights
+    (model.safetensors), config.json (timm's, with run_info and the final metrics under "linvit") and a
+    README.md model card (linvit.utils.artifacts)."""
+    writer = tensorboard_writer(output) if getattr(args, "log", "none") == "tensorboard" and rank == 0 else None
     for epoch in range(start_epoch, args.epochs):
         seed_everything(args.seed + 1000 * epoch + rank)  # replayable on resume
         sampler.set_epoch(epoch)
@@ -160,8 +167,41 @@ def run_epochs(
         if rank == 0:
             save_epoch(output, state(epoch, rngs, history), record)
             print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+            if writer is not None:
+                log_scalars(writer, record)
         barrier()
+    if writer is not None:
+        writer.close()
     if rank == 0 and history:
-        weights = final_model().state_dict()
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(output / "model.safetensors"))
+        model = final_model()
+        info = {**run_info, "parameters": sum(p.numel() for p in model.parameters()), "final": history[-1]}
+        info["args"] = yaml.safe_load(args_yaml(args))
+        save_model_folder(output, model, info, label_names)
+        config = json.loads((output / CONFIG).read_text())
+        write_model_card(output, config, history, f"linvit {run_info.get('command', 'train')}")
     return history
+
+
+def tensorboard_writer(output: Path):
+    """--log tensorboard: an event file in OUT/tensorboard beside metrics.jsonl (which stays the record)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        raise ValueError('--log tensorboard needs tensorboard: pip install -e ".[tensorboard]"') from err
+    return SummaryWriter(log_dir=str(output / "tensorboard"))
+
+
+def log_scalars(writer, record: dict) -> None:
+    """The epoch's numbers (the metrics.jsonl line) as scalars at step = epoch."""
+    for key, value in record.items():
+        if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            writer.add_scalar(key, value, record["epoch"])
+    writer.flush()
+
+
+def args_yaml(args) -> str:
+    """The parsed arguments as YAML (the dispatch fields left out), loadable again with --config."""
+    skip = {"func", "command", "segment_command", "detect_command", "config"}
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items() if k not in skip}
+    values = {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
+    return yaml.safe_dump(values, sort_keys=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors.torch import load_file as load_safetensors
 from timm.data import create_transform, resolve_data_config
-from timm.models import load_state_dict
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
@@ -19,6 +19,7 @@ from .data import SafeImageFolder, collate_skip_none
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .models import WeightFormer, create_variant, weightformer
 from .utils import compile_model
+from .utils.artifacts import saved_weights_kind, use_run_folder
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -74,16 +75,68 @@ def unwrap_state_dict(checkpoint: dict) -> dict:
     return {k.removeprefix("module."): v for k, v in checkpoint.items()}
 
 
-def load_weights(model: nn.Module, path: str | Path) -> None:
-    """Load weights from .pth/.pt (weights_only: no code runs) or .safetensors, strictly, with clear errors."""
-    path = Path(path)
+EMA_KEYS = ("ema", "model_ema", "state_dict_ema")  # linvit's training checkpoints, timm's and DeiT's
+
+
+def read_weights(path: Path, ema: bool | None = None) -> tuple[dict, str]:
+    """(state dict, which weights) from .pth/.pt (weights_only: no code runs) or .safetensors.
+
+    A checkpoint holding an EMA gives the EMA weights unless ema is False (which is "ema" or "model"); a
+    run's model.safetensors holds the weights its config.json names. ema=True on a file without an EMA
+    is an error rather than a silent fallback.
+    """
     if not path.is_file():
         raise ValueError(f"{path}: checkpoint not found")
     try:
-        state = load_state_dict(str(path), weights_only=True)
+        if path.suffix == ".safetensors":
+            raw = load_safetensors(str(path))
+        else:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling refusals, corrupt files
         raise ValueError(f"{path}: cannot read checkpoint safely ({type(err).__name__}: {err})") from err
-    state = unwrap_state_dict(state)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: not a state dict or checkpoint ({type(raw).__name__})")
+    ema_key = next((k for k in EMA_KEYS if isinstance(raw.get(k), dict)), None)
+    saved = saved_weights_kind(path)
+    if ema_key is not None and ema is not False:
+        return unwrap_state_dict(raw[ema_key]), "ema"
+    if saved is not None:
+        if ema is not None and (saved == "ema") != ema:
+            other = "the raw weights are in last.pth" if saved == "ema" else "the run kept no EMA"
+            raise ValueError(f"{path} holds the {saved} weights; {other}")
+        return unwrap_state_dict(raw), saved
+    if ema:
+        raise ValueError(f"{path}: holds no EMA weights")
+    return unwrap_state_dict(raw), "model"
+
+
+def load_weights(model: nn.Module, path: str | Path, ema: bool | None = None) -> str:
+    """Load weights strictly, with clear errors; returns which weights were loaded ("ema" or "model")."""
+    path = Path(path)
+    state, which = read_weights(path, ema)
+    apply_weights(model, state, path)
+    return which
+
+
+def load_and_convert(model: nn.Module, path: str | Path | None, convert: str | None, ema: bool | None = None) -> str:
+    """--checkpoint with --convert: weights of a converted model (they hold InfSA discounts) load after the
+    conversion; softmax weights load before it, so a pretrained source is evaluated as converted, untrained."""
+    if path is None:
+        convert_if_asked(model, convert)
+        return "random init"
+    path = Path(path)
+    state, which = read_weights(path, ema)
+    converted_weights = any(k.endswith(".theta") for k in state)
+    if converted_weights:
+        convert_if_asked(model, convert)
+    apply_weights(model, state, path)
+    if not converted_weights:
+        convert_if_asked(model, convert)
+    return which
+
+
+def apply_weights(model: nn.Module, state: dict, path: Path) -> None:
+    """load_state_dict, strictly, with one-line errors naming the file."""
     if isinstance(model, WeightFormer):
         state = weightformer.checkpoint_filter_fn(state, model)  # official layouts, with clear errors
     check_num_classes(model, state, path)
@@ -121,16 +174,20 @@ def run_eval(args) -> dict:
     try:
         root = Path(args.data) / args.split
         probe = SafeImageFolder(root)
+        run = use_run_folder(args)
         model = create_variant(args.model, img_size=args.img_size, num_classes=len(probe.classes), **args.model_kwargs)
-        convert_if_asked(model, getattr(args, "convert", None))
-        if args.checkpoint:
-            load_weights(model, args.checkpoint)
+        weights = load_and_convert(model, args.checkpoint, getattr(args, "convert", None), args.ema)
+        if rank == 0:
+            source = f" from {run}/args.yaml" if run is not None else ""
+            print(f"{args.model}{source}: {weights} weights of {args.checkpoint or 'no checkpoint'}")
         config = resolve_data_config({"img_size": args.img_size, "crop_pct": args.crop_pct}, model=model)
         dataset = SafeImageFolder(root, transform=create_transform(**config, is_training=False))
         model.to(device)
         loader = eval_loader(dataset, args.batch_size, args.workers, rank, world)
         metrics = evaluate(compile_model(model, args.compile), loader, device, args.amp, progress=rank == 0)
-        metrics.update(model=args.model, checkpoint=args.checkpoint, split=args.split, data=str(args.data))
+        metrics.update(
+            model=args.model, checkpoint=args.checkpoint, weights=weights, split=args.split, data=str(args.data)
+        )
         if rank == 0:
             print(
                 f"top1 {metrics['top1']:.2f}  top5 {metrics['top5']:.2f}  loss {metrics['loss']:.4f}  "

@@ -167,18 +167,23 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
 
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, ema, scaler, rank)
+    run_info = {
+        "task": "classification",
+        "command": "train",
+        "model": args.model,
+        "convert": getattr(args, "convert", None),
+        "pretrained_file": getattr(args, "pretrained_file", None),
+        "conversion": conversion,
+        "weights": "ema" if ema is not None else "model",
+        "lr": lr,
+        "global_batch": global_batch,
+        "world_size": world,
+        "num_classes": num_classes,
+        "data_config": data_config,
+        "device": str(device),
+    }
     if rank == 0:
-        config = {
-            **vars(args),
-            "lr": lr,
-            "global_batch": global_batch,
-            "world_size": world,
-            "num_classes": num_classes,
-            "data_config": data_config,
-            "device": str(device),
-            "conversion": conversion,
-        }
-        write_run_config(output, config)
+        write_run_config(output, args)
         name = f"{args.model} -> {args.convert}" if conversion else args.model
         print(
             f"{name}: {sum(p.numel() for p in model.parameters()):,} params, {num_classes} classes, "
@@ -231,6 +236,8 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
         evaluate_epoch,
         state,
         final_model=lambda: ema.module if ema is not None else model,
+        run_info=run_info,
+        label_names=list(train_set.classes),
     )
     if world > 1 and history:
         # each rank records what it measured, so a run can show that all ranks agree

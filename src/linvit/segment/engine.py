@@ -25,6 +25,7 @@ from ..distributed import all_reduce_sum, all_reduce_tensor, cleanup, init_distr
 from ..engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config
 from ..evaluate import autocast, eval_loader, load_weights, unwrap_state_dict, write_json
 from ..utils import compile_model, output_dir
+from ..utils.artifacts import use_run_folder
 from ..utils.runtime import seed_everything
 from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
 from .metrics import confusion_matrix, scores
@@ -123,16 +124,22 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
     net = compile_model(wrap_ddp(model, world, device), args.compile)
+    run_info = {
+        "task": "segmentation",
+        "command": "segment train",
+        "model": args.model,
+        "model_kwargs": args.model_kwargs,
+        "pyramid_channels": args.pyramid_channels,
+        "head_channels": args.head_channels,
+        "convert": getattr(args, "convert", None),
+        "weights": "model",
+        "num_classes": split.num_classes,
+        "layout": split.layout,
+        "world_size": world,
+        "device": str(device),
+    }
     if rank == 0:
-        config = {
-            **vars(args),
-            "num_classes": split.num_classes,
-            "class_names": split.class_names,
-            "layout": split.layout,
-            "world_size": world,
-            "device": str(device),
-        }
-        write_run_config(output, config)
+        write_run_config(output, args)
         params = sum(p.numel() for p in model.parameters())
         print(
             f"{args.model} + pyramid + semantic-FPN head: {params:,} params, {split.num_classes} classes "
@@ -174,7 +181,19 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         return training_state(model, optimizer, scheduler, None, scaler, epoch, rngs, hist, args)
 
     return run_epochs(
-        args, output, rank, world, start_epoch, history, sampler, train_epoch, evaluate_epoch, state, lambda: model
+        args,
+        output,
+        rank,
+        world,
+        start_epoch,
+        history,
+        sampler,
+        train_epoch,
+        evaluate_epoch,
+        state,
+        lambda: model,
+        run_info=run_info,
+        label_names=split.class_names,
     )
 
 
@@ -195,6 +214,7 @@ def run_segment_eval(args) -> dict:
     rank, world, device = init_distributed(args.device)
     try:
         split = find_split(args.data, args.split)
+        use_run_folder(args)  # --checkpoint RUN: the segmenter is rebuilt from the run's args.yaml
         model = build_model(args, split.num_classes)
         if args.checkpoint:
             load_weights(model, args.checkpoint)
