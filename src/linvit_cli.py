@@ -160,6 +160,11 @@ def _check_crop(args: argparse.Namespace) -> None:
         raise ValueError(f"--crop-size takes one side or H W, got {args.crop_size}")
 
 
+def _check_img_size(args: argparse.Namespace) -> None:
+    if len(args.img_size) not in (1, 2):
+        raise ValueError(f"--img-size takes one side or H W, got {args.img_size}")
+
+
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     _add_common_data_args(p)
     p.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
@@ -364,6 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--flops-at", type=POSITIVE, default=None, metavar="PX", help="also count GMACs at PX x PX")
     e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))
+
+    p = sub.add_parser("export", help="ONNX / torch.export (.pt2) / TorchScript file, checked against PyTorch")
+    _add_model_args(p, "registered model name, or a `linvit train` run folder (its trained weights)", KWARGS_HELP)
+    p.add_argument("--format", choices=["onnx", "pt2", "torchscript"], default="onnx")
+    p.add_argument("--img-size", type=POSITIVE, nargs="+", default=[224], metavar="PX", help="input side, or H W")
+    p.add_argument("--dynamic-batch", action="store_true", help="any batch size (onnx, pt2); checked at 1 and 3")
+    p.add_argument("--out", required=True, help="output file")
+    p.set_defaults(func=_runner("export", "run_export", _check_img_size))
 
     p = sub.add_parser("reproduce", help="data, training, maps, spectra, ERFs and benchmarks -> OUT/report.md")
     p.add_argument("--quick", action="store_true", help="the short recipe: about 12 minutes on 2 CPU cores")

@@ -12,19 +12,17 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
 from ..ops.common import autocast_dtype, no_autocast
-from .derived import derived_at_inference
+from .derived import derived_at_inference, stateless_call
 
 LINEAR_PREDICTORS = ("bilateral", "deep", "nonlinear", "linear", "gap")
 CONV_PREDICTORS = ("adaptive", "gap")
 
 
-def with_identity_tap(kernel: torch.Tensor) -> torch.Tensor:
+def with_identity_tap(kernel: torch.Tensor, kernel_size: int) -> torch.Tensor:
     """A depthwise kernel (C, 1, k, k) plus the identity: conv(x, K + I) = x + conv(x, K) under zero padding,
     since the centre tap always reads x itself. Folds a residual connection into the convolution."""
-    k = kernel.shape[-1]
-    out = kernel.clone()
-    out[..., k // 2, k // 2] += 1.0
-    return out
+    c = kernel_size // 2
+    return kernel + F.pad(torch.ones_like(kernel[..., :1, :1]), (c, c, c, c))  # one-hot centre (traceable)
 
 
 def amplitude_denominator(raw: torch.Tensor, dim: int | tuple[int, ...], scale: float = 1.0) -> torch.Tensor:
@@ -35,6 +33,20 @@ def amplitude_denominator(raw: torch.Tensor, dim: int | tuple[int, ...], scale: 
 def amplitude_direction(dw: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     """dW / (||dW|| + 1) over ``dim``: keeps the direction, squashes the amplitude below 1."""
     return dw / amplitude_denominator(dw, dim)
+
+
+def per_sample_depthwise(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """'same' depthwise convolution with one kernel per sample, (B, C, H, W) x (B, C, k, k) -> (B, C, H, W),
+    as k*k shifted multiply-adds: the same result as the grouped convolution over B*C groups, without a
+    group count that depends on the batch (what exported graphs with a dynamic batch need)."""
+    k = kernel.shape[-1]
+    H, W = x.shape[-2:]
+    padded = F.pad(x, (k // 2,) * 4)
+    out = bias.view(1, -1, 1, 1)
+    for i in range(k):
+        for j in range(k):
+            out = out + padded[..., i : i + H, j : j + W] * kernel[..., i, j, None, None]
+    return out
 
 
 def _check_grid(x: torch.Tensor, grid_size: tuple[int, int], channels: int) -> tuple[int, int]:
@@ -256,19 +268,21 @@ class DynamicDWConv(nn.Module):
         A channels-last x (the token-major grid viewed as NCHW) is convolved in place of layout at
         batch 1; K0 (+ I) + dK is one addcdiv, and the bias is passed as it is at batch 1.
         """
-        if x.dim() != 4 or x.shape[1] != self.dim:
+        if not stateless_call() and (x.dim() != 4 or x.shape[1] != self.dim):
             raise ValueError(f"expected (B, {self.dim}, H, W), got {tuple(x.shape)}")
         B, C, H, W = x.shape
         k = self.kernel_size
         base = (
-            derived_at_inference(self, "_residual_kernel", (self.w,), lambda: with_identity_tap(self.w))
+            derived_at_inference(self, "_residual_kernel", (self.w,), lambda: with_identity_tap(self.w, k))
             if residual
             else self.w
         )
         raw = self._raw_delta(x)
         kernel = torch.addcdiv(base.view(1, C, k, k), raw, amplitude_denominator(raw, (-2, -1)))  # K0 + dK
+        if torch.compiler.is_exporting():  # ONNX / pt2 with a symbolic batch: conv groups must be constant
+            return per_sample_depthwise(x, kernel.to(x.dtype), self.b.to(x.dtype))
         kernel = kernel.reshape(B * C, 1, k, k)
-        bias = self.b if B == 1 else self.b.repeat(B)
+        bias = self.b if not stateless_call() and B == 1 else self.b.repeat(B)
         out = F.conv2d(x.reshape(1, B * C, H, W), kernel.to(x.dtype), bias.to(x.dtype), padding=k // 2, groups=B * C)
         return out.reshape(B, C, H, W)
 

@@ -18,7 +18,9 @@ from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops.common import no_autocast
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
 from ..ops.katz import katz_features, katz_mixing, katz_token_sums
-from .derived import derived_at_inference
+from .derived import call_eagerly, derived_at_inference, is_fx_tracing
+
+torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see derived.call_eagerly)
 
 
 class _InfSABase(nn.Module):
@@ -101,6 +103,8 @@ class PureInfSAAttention(_InfSABase):
         self.block_size = block_size
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if is_fx_tracing():
+            return call_eagerly(self, x, attn_mask, is_causal)
         q, k, v = self.project_qkv(x)
         if is_causal:
             N = x.shape[1]
@@ -135,6 +139,8 @@ class LinearInfSAAttention(_InfSABase):
         self.fold_kv = fold_kv
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if is_fx_tracing():
+            return call_eagerly(self, x, attn_mask, is_causal)
         if attn_mask is not None or is_causal:
             raise ValueError("Linear-InfSA pools all tokens into one state; attention masks are not supported")
         if self.fold_kv and isinstance(self.k_norm, nn.Identity) and isinstance(self.q_norm, nn.Identity):
@@ -264,6 +270,8 @@ class KatzInfSAAttention(_InfSABase):
         self.feature_map = feature_map
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if is_fx_tracing():
+            return call_eagerly(self, x, attn_mask, is_causal)
         if attn_mask is not None or is_causal:
             raise ValueError("Katz-InfSA works on low-rank factors; attention masks are not supported")
         q, k, v = self.project_qkv(x)

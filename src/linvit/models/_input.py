@@ -24,6 +24,8 @@ def check_image_batch(
         pad: the model pads inputs up to a multiple of the patch.
         check_finite: also reject NaN/Inf values (costs one pass over the input).
     """
+    if isinstance(x, torch.fx.Proxy):  # symbolic tracing: shapes are unknown until the graph runs
+        return
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"expected a torch.Tensor image batch, got {type(x).__name__}")
     if x.dim() != 4:

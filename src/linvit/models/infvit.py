@@ -14,7 +14,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
-from ..layers.derived import derived_at_inference, stateless_call
+from ..layers.derived import derived_at_inference, is_fx_tracing, stateless_call
 from ._cfg import model_cfg
 from ._chunking import resolve_token_chunk
 from ._input import CheckedPatchEmbed
@@ -81,18 +81,24 @@ class InfViT(VisionTransformer):
         timm resamples (bicubic) on every forward; at inference the table only changes with the grid,
         so it is computed once per (grid, parameter version). Training and compiled graphs use timm's.
         """
-        if not self.dynamic_img_size or self.pos_embed is None or torch.is_grad_enabled() or stateless_call():
+        if not self.dynamic_img_size or self.pos_embed is None:
+            return super()._pos_embed(x)
+        tracing = is_fx_tracing()  # the resampling needs concrete sizes: one opaque node in FX graphs
+        if not tracing and (torch.is_grad_enabled() or stateless_call()):
             return super()._pos_embed(x)
         B, H, W, C = x.shape
         prefix = 0 if self.no_embed_class else self.num_prefix_tokens
         grid = self.patch_embed.grid_size
-        pos = derived_at_inference(
-            self,
-            "_pos_cache",
-            (self.pos_embed,),
-            lambda: resample_abs_pos_embed(self.pos_embed, (H, W), grid, num_prefix_tokens=prefix),
-            extra=(H, W),
-        )
+        if tracing:
+            pos = resampled_position_table(self.pos_embed, x, grid, prefix)
+        else:
+            pos = derived_at_inference(
+                self,
+                "_pos_cache",
+                (self.pos_embed,),
+                lambda: resampled_position_table(self.pos_embed, x, grid, prefix),
+                extra=(H, W),
+            )
         x = x.view(B, H * W, C)
         prefix_tokens = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if self.no_embed_class:  # as timm: add, then prepend the prefix tokens (or prepend, then add)
@@ -105,6 +111,8 @@ class InfViT(VisionTransformer):
 
     def token_chunk_for(self, images: torch.Tensor) -> int | None:
         """Tokens per chunk for a forward of these images, None for the whole-tensor path."""
+        if stateless_call():
+            return None
         h, w = self.patch_embed.dynamic_feat_size(images.shape[-2:])
         return resolve_token_chunk(self.token_chunk, h * w)
 
@@ -180,6 +188,14 @@ class InfViT(VisionTransformer):
         """timm's set plus every discount parameter: decaying theta would pull gamma toward 0.5."""
         names = {n for n, _ in self.named_parameters() if n.endswith(".theta")}
         return super().no_weight_decay() | names
+
+
+def resampled_position_table(pos_embed: torch.Tensor, x: torch.Tensor, grid: tuple, prefix: int) -> torch.Tensor:
+    """The position table resampled (timm's bicubic) from the trained grid to x's (B, H, W, C) token grid."""
+    return resample_abs_pos_embed(pos_embed, tuple(x.shape[1:3]), grid, num_prefix_tokens=prefix)
+
+
+torch.fx.wrap("resampled_position_table")
 
 
 class _Chunks:

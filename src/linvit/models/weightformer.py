@@ -19,11 +19,13 @@ from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DynamicDWConv, DynamicLinear
-from ..layers.derived import derived_at_inference
+from ..layers.derived import call_eagerly, derived_at_inference, is_fx_tracing
 from ..layers.dynamic import with_identity_tap
 from ._cfg import model_cfg
 from ._chunking import resolve_token_chunk
 from ._input import CheckedPatchEmbed
+
+torch.fx.wrap("call_eagerly")  # one node per block in FX graphs (see layers.derived.call_eagerly)
 
 LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)  # the release's LayerNorm
 
@@ -80,12 +82,14 @@ class WeightFormerBlock(nn.Module):
         else:
             conv = self.dwc
             kernel = derived_at_inference(
-                self, "_residual_kernel", (conv.weight,), lambda: with_identity_tap(conv.weight)
+                self, "_residual_kernel", (conv.weight,), lambda: with_identity_tap(conv.weight, conv.kernel_size[0])
             )
             out = F.conv2d(grid, kernel, conv.bias, padding=conv.padding, groups=conv.groups)
         return out.flatten(2).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
+        if is_fx_tracing():
+            return call_eagerly(self, x, grid_size)
         if self.dynamic:
             x = self.norm1(x)
         x = self.token_mixing(x, grid_size)

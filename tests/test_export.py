@@ -1,0 +1,114 @@
+"""Every family through the ecosystem's tools: FX symbolic tracing, feature extraction, torch.export, ONNX."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+
+import linvit  # noqa: F401  (registers the models)
+from linvit.cli import main as cli_main
+
+FAMILIES = {
+    "vit_4l_patch16_224": dict(depth=2, embed_dim=64, num_heads=4),
+    "infvit_tiny_patch16_224": dict(depth=2),
+    "linear_infvit_tiny_patch16_224": dict(depth=2),
+    "katz_infvit_tiny_patch16_224": dict(depth=2),
+    "weightformer_tiny_patch16_224": dict(depth=4, dynamic_interval=2),
+}
+
+
+def _model(name: str, **extra) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model(name, num_classes=5, **FAMILIES[name], **extra)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_fx_symbolic_trace_matches_eager_forward_and_backward(name):
+    model = _model(name).eval()
+    graph = torch.fx.symbolic_trace(model)
+    x = torch.randn(2, 3, 64, 96)  # not the default size: position tables are resampled inside the graph
+    torch.testing.assert_close(graph(x), model(x), rtol=0, atol=0)
+    graph(x).square().sum().backward()
+    traced_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model(x).square().sum().backward()
+    assert traced_grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(traced_grads[n], p.grad, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="channels"):  # eager input checks are still there
+        model(torch.randn(1, 4, 64, 64))
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_feature_extractor_returns_block_outputs(name):
+    model = _model(name).eval()
+    _, nodes = get_graph_node_names(model)
+    last = [n for n in nodes if n.startswith("blocks.1")][-1]  # the output of the second block
+    extractor = create_feature_extractor(model, return_nodes={last: "block1"})
+    x = torch.randn(1, 3, 64, 64)
+    features = extractor(x)["block1"][:, getattr(model, "num_prefix_tokens", 0) :]
+    expected = model.forward_intermediates(x, indices=[1], output_fmt="NLC", intermediates_only=True)[0]
+    torch.testing.assert_close(features, expected)  # forward_intermediates returns the patch tokens only
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_onnx_export_matches_pytorch_in_onnxruntime(name, tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from linvit.export import check_onnx, export_model, fix_size_dependent_choices
+
+    model = _model(name).eval()
+    fix_size_dependent_choices(model, (64, 64))
+    example = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        export_model(model, "onnx", tmp_path / "m.onnx", example, dynamic_batch=True)
+    assert check_onnx(model, tmp_path / "m.onnx", example, batches=[1, 3]) <= 1e-4
+
+
+def test_katz_series_by_squaring_equals_the_solve():
+    from linvit.ops.katz import neumann_by_squaring
+
+    m = torch.randn(3, 6, 6, dtype=torch.float64)
+    m = 0.99 * m / torch.linalg.matrix_norm(m, 2)[:, None, None]
+    torch.testing.assert_close(neumann_by_squaring(m), torch.linalg.inv(torch.eye(6, dtype=torch.float64) - m))
+
+
+def test_weightformer_per_sample_conv_equals_the_grouped_conv():
+    from linvit.layers.dynamic import per_sample_depthwise
+
+    x, kernel, bias = torch.randn(3, 4, 7, 9), torch.randn(3, 4, 3, 3), torch.randn(4)
+    grouped = torch.nn.functional.conv2d(
+        x.reshape(1, 12, 7, 9), kernel.reshape(12, 1, 3, 3), bias.repeat(3), padding=1, groups=12
+    )
+    torch.testing.assert_close(per_sample_depthwise(x, kernel, bias), grouped.reshape(3, 4, 7, 9))
+
+
+def test_export_command_writes_a_checked_program_from_a_run_folder(tmp_path, capsys):
+    from linvit.utils.artifacts import save_model_folder
+
+    model = _model("linear_infvit_tiny_patch16_224", img_size=32, patch_size=8)
+    save_model_folder(tmp_path / "run", model, {"task": "classification", "model": "linear_infvit_tiny_patch16_224"})
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["architecture"]
+    out = tmp_path / "m.pt2"
+    assert (
+        cli_main(
+            ["export", "--model", str(tmp_path / "run"), "--format", "pt2", "--img-size", "32"]
+            + ["--out", str(out), "--dynamic-batch"]
+        )
+        == 0
+    )
+    reloaded = torch.export.load(str(out)).module()
+    x = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(reloaded(x), model.eval()(x))
+    assert "max abs diff" in capsys.readouterr().out
+    seg = tmp_path / "seg"
+    seg.mkdir()
+    (seg / "config.json").write_text(json.dumps({"linvit": {"task": "segmentation"}}))
+    assert cli_main(["export", "--model", str(seg), "--out", str(tmp_path / "x.onnx")]) == 2
+    assert "classification runs" in capsys.readouterr().err
+    assert cli_main(["export", "--model", "deit_tiny_patch16_224", "--img-size", "1", "2", "3", "--out", "x"]) == 2
