@@ -299,12 +299,16 @@ def test_fine_tune_a_converted_softmax_model_and_eval_rebuilds_it(data, tmp_path
 
 
 def test_a_run_folder_reloads_with_timm_and_eval_alone_and_reruns_from_its_config(data, tmp_path, capsys):
+    import importlib.util
+
     import timm
     import yaml
 
     run = tmp_path / "run"
+    tensorboard = importlib.util.find_spec("tensorboard") is not None  # an optional extra
     train = ["train", "--data", str(data), "--model", "deit_tiny_patch16_224", "--output", str(run), "--epochs", "2"]
-    train += ["--batch-size", "10", "--lr", "1e-3", "--model-ema", "--model-ema-decay", "0.5", "--log", "tensorboard"]
+    train += ["--batch-size", "10", "--lr", "1e-3", "--model-ema", "--model-ema-decay", "0.5"]
+    train += ["--log", "tensorboard"] if tensorboard else []
     assert cli_main([*train, *FAST, "--model-kwargs", "patch_size=8", "depth=2"]) == 0
     rows = _metrics(run)
     config = json.loads((run / "config.json").read_text())
@@ -313,7 +317,7 @@ def test_a_run_folder_reloads_with_timm_and_eval_alone_and_reruns_from_its_confi
     assert config["linvit"]["weights"] == "ema" and config["linvit"]["final"] == rows[-1]
     card = (run / "README.md").read_text()
     assert "local-dir:" in card and f"{rows[-1]['val_top1_ema']:.4g}" in card
-    assert list((run / "tensorboard").iterdir())  # an event file
+    assert not tensorboard or list((run / "tensorboard").iterdir())  # an event file
 
     # timm rebuilds the trained model from the folder alone
     model = timm.create_model(f"local-dir:{run}", pretrained=True).eval()
