@@ -155,6 +155,20 @@ def _add_segment_args(p: argparse.ArgumentParser, model_required: bool = True) -
     p.add_argument("--head-channels", type=POSITIVE, default=128)
 
 
+def _add_detect_args(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+    p.add_argument("--data", required=True, help="COCO-layout folder: annotations/instances_<split>.json + <split>/")
+    backbone = "backbone: any registered linvit or timm ViT name"
+    if not model_required:
+        backbone += " (default: the run's, with --checkpoint RUN)"
+    _add_model_args(p, backbone, "extra backbone kwargs", required=model_required)
+    p.add_argument("--detector", choices=["fasterrcnn", "retinanet", "maskrcnn"], default="fasterrcnn")
+    p.add_argument("--min-size", type=POSITIVE, default=800, help="resize the shorter side to this (COCO: 800)")
+    p.add_argument("--max-size", type=POSITIVE, default=1333, help="... keeping the longer side at most this")
+    p.add_argument("--anchor-base", type=POSITIVE, default=32, help="anchor size of the finest level (x2 per level)")
+    p.add_argument("--pyramid-channels", type=POSITIVE, default=256)
+    _add_runtime_args(p, batch_size=2)
+
+
 def _check_crop(args: argparse.Namespace) -> None:
     if len(args.crop_size) not in (1, 2) or min(args.crop_size) < 1:
         raise ValueError(f"--crop-size takes one side or H W, got {args.crop_size}")
@@ -278,6 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--per-class-val", type=POSITIVE, default=100)
     d.add_argument("--clutter", type=int, default=4, help="clutter fragments per image")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument(
+        "--digits-per-image",
+        type=NON_NEGATIVE,
+        default=0,
+        metavar="K",
+        help="also write OUT/detection: K digits per canvas with COCO boxes and masks (0 = no detection set)",
+    )
     d.set_defaults(func=_runner("data.cluttered_mnist", "run_cluttered_mnist"))
 
     p = sub.add_parser("train", help="train with the DeiT recipe (torchrun for DDP)")
@@ -369,6 +390,44 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--flops-at", type=POSITIVE, default=None, metavar="PX", help="also count GMACs at PX x PX")
     e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))
+
+    p = sub.add_parser("detect", help="object detection: Faster R-CNN / RetinaNet / Mask R-CNN on a backbone's pyramid")
+    det = p.add_subparsers(dest="detect_command", required=True)
+    t = det.add_parser("train", help="train a detector on COCO-format data (torchrun for DDP)")
+    _add_detect_args(t)
+    t.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
+    t.add_argument("--train-split", default="train2017")
+    t.add_argument("--val-split", default="val2017")
+    t.add_argument("--epochs", type=POSITIVE, default=12)
+    t.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (per-iteration cosine schedule)")
+    t.add_argument("--weight-decay", type=float, default=0.05)
+    t.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
+    t.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
+    t.add_argument("--clip-grad", type=float, default=None)
+    t.add_argument(
+        "--backbone-checkpoint",
+        "--pretrained-file",
+        default=None,
+        help="classification weights to start the backbone from (its head is dropped)",
+    )
+    _add_convert_arg(t)
+    t.add_argument("--grad-checkpointing", action="store_true", help="recompute backbone blocks in backward")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
+    t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+    _add_log_arg(t)
+    t.set_defaults(func=_runner("detect.engine", "run_detect_train"))
+    e = det.add_parser("eval", help="detections.json and the 12 COCO numbers (pycocotools COCOeval)")
+    _add_detect_args(e, model_required=False)
+    e.add_argument("--split", default="val2017")
+    e.add_argument("--ann-file", default=None, help="any COCO instances json (instead of DATA/annotations/...)")
+    e.add_argument("--images", default=None, help="its image folder (default: the json's folder)")
+    e.add_argument(
+        "--checkpoint", default=None, help="a detect train run folder (the model comes from its args.yaml) or weights"
+    )
+    _add_convert_arg(e)
+    e.add_argument("--out", required=True, help="folder for detections.json and metrics.json")
+    e.set_defaults(func=_runner("detect.engine", "run_detect_eval"))
 
     p = sub.add_parser("export", help="ONNX / torch.export (.pt2) / TorchScript file, checked against PyTorch")
     _add_model_args(p, "registered model name, or a `linvit train` run folder (its trained weights)", KWARGS_HELP)

@@ -148,6 +148,18 @@ def apply_weights(model: nn.Module, state: dict, path: Path) -> None:
         )
 
 
+def load_backbone(backbone: nn.Module, path: str) -> None:
+    """Initialise the backbone from a classification checkpoint (its head and unknown keys are dropped)."""
+    state, _ = read_weights(Path(path))
+    own = backbone.state_dict()
+    state = {k: v for k, v in state.items() if k in own}
+    missing = [k for k in own if k not in state]
+    mis_shaped = [k for k in state if state[k].shape != own[k].shape]
+    if missing or mis_shaped:
+        raise ValueError(f"{path}: does not fit the backbone: missing {missing[:3]}, mis-shaped {mis_shaped[:3]}")
+    backbone.load_state_dict(state)
+
+
 def check_num_classes(model: nn.Module, state: dict, path) -> None:
     """Raise a one-line error when the checkpoint's classifier has another number of classes."""
     head = model.get_classifier() if hasattr(model, "get_classifier") else None

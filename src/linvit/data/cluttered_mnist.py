@@ -119,6 +119,86 @@ def build_cluttered_mnist(
     return meta
 
 
+def _rle(mask: np.ndarray) -> dict:
+    """COCO's uncompressed run-length encoding of a binary mask (column-major runs, starting with zeros)."""
+    flat = mask.ravel(order="F").astype(np.uint8)
+    changes = np.flatnonzero(np.diff(np.concatenate([[0], flat, [1 - flat[-1]]]))) if flat.size else np.array([0])
+    counts = np.diff(np.concatenate([[0], changes])).tolist()
+    return {"size": list(mask.shape), "counts": counts}
+
+
+def build_detection_set(
+    out: str | Path,
+    digits_per_image: int,
+    canvas: int = 96,
+    per_class_train: int = 300,
+    per_class_val: int = 100,
+    clutter: int = 4,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Write DIR/detection: {train,val}/NNNNN.png with several digits each (overlaps allowed) and
+    annotations/instances_{train,val}.json in COCO format (boxes, ink masks as RLE, categories "0".."9").
+
+    Every digit of the class-balanced pool is used once (per_class_* x 10 / digits_per_image images per
+    split, train and val from disjoint digits), so `linvit detect train --data DIR/detection` runs offline.
+    """
+    if digits_per_image < 1:
+        raise ValueError(f"digits_per_image must be >= 1, got {digits_per_image}")
+    if canvas < DIGIT:
+        raise ValueError(f"canvas must be at least {DIGIT} pixels (one MNIST digit), got {canvas}")
+    digits, labels = load_mnist_5k()
+    rng = np.random.default_rng(seed + 1)
+    root = output_dir(Path(out) / "detection")
+    (root / "annotations").mkdir(exist_ok=True)
+    pools = {"train": [], "val": []}
+    for cls in range(10):
+        idx = rng.permutation(np.flatnonzero(labels == cls))
+        pools["train"] += idx[:per_class_train].tolist()
+        pools["val"] += idx[per_class_train : per_class_train + per_class_val].tolist()
+    categories = [{"id": d + 1, "name": str(d), "supercategory": "digit"} for d in range(10)]
+    counts = {}
+    for split, pool in pools.items():
+        pool = rng.permutation(pool)
+        groups = [pool[i : i + digits_per_image] for i in range(0, len(pool) - digits_per_image + 1, digits_per_image)]
+        (root / split).mkdir(exist_ok=True)
+        images, annotations = [], []
+        for n, group in enumerate(tqdm(groups, desc=f"detection {split}", unit="img", disable=not progress)):
+            img = np.zeros((canvas, canvas), dtype=np.uint8)
+            for _ in range(clutter):
+                src = digits[rng.integers(len(digits))]
+                sy, sx = rng.integers(0, DIGIT - FRAGMENT + 1, size=2)
+                y, x = rng.integers(0, canvas - FRAGMENT + 1, size=2)
+                window = img[y : y + FRAGMENT, x : x + FRAGMENT]
+                np.maximum(window, src[sy : sy + FRAGMENT, sx : sx + FRAGMENT], out=window)
+            for i in group:
+                digit = digits[i]
+                y, x = rng.integers(0, canvas - DIGIT + 1, size=2)
+                np.maximum(img[y : y + DIGIT, x : x + DIGIT], digit, out=img[y : y + DIGIT, x : x + DIGIT])
+                rows, cols = np.nonzero(digit)
+                x0, y0, x1, y1 = x + cols.min(), y + rows.min(), x + cols.max() + 1, y + rows.max() + 1
+                ink = np.zeros((canvas, canvas), dtype=bool)
+                ink[y : y + DIGIT, x : x + DIGIT] = digit >= INK
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": n + 1,
+                        "category_id": int(labels[i]) + 1,
+                        "bbox": [int(x0), int(y0), int(x1 - x0), int(y1 - y0)],
+                        "area": int(ink.sum()),
+                        "iscrowd": 0,
+                        "segmentation": _rle(ink),
+                    }
+                )
+            name = f"{n:05d}.png"
+            Image.fromarray(img).convert("RGB").save(root / split / name)
+            images.append({"id": n + 1, "file_name": name, "width": canvas, "height": canvas})
+        coco = {"images": images, "annotations": annotations, "categories": categories}
+        (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(coco))
+        counts[split] = len(images)
+    return {"images": counts, "digits_per_image": digits_per_image, "canvas": canvas, "root": str(root)}
+
+
 def run_cluttered_mnist(args) -> None:
     """`linvit data cluttered-mnist`: build the tree and say what was written."""
     meta = build_cluttered_mnist(
@@ -130,3 +210,17 @@ def run_cluttered_mnist(args) -> None:
         seed=args.seed,
     )
     print(f"wrote {meta['images']['train']} train and {meta['images']['val']} val images, boxes.json to {args.out}")
+    if args.digits_per_image:
+        det = build_detection_set(
+            args.out,
+            args.digits_per_image,
+            canvas=args.canvas,
+            per_class_train=args.per_class_train,
+            per_class_val=args.per_class_val,
+            clutter=args.clutter,
+            seed=args.seed,
+        )
+        print(
+            f"wrote a detection set of {det['images']['train']} train and {det['images']['val']} val images "
+            f"({args.digits_per_image} digits each, COCO json) to {det['root']}"
+        )

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from ..conversion import convert_if_asked
 from ..distributed import all_reduce_sum, all_reduce_tensor, cleanup, init_distributed
 from ..engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config
-from ..evaluate import autocast, eval_loader, load_weights, unwrap_state_dict, write_json
+from ..evaluate import autocast, eval_loader, load_backbone, load_weights, write_json
 from ..utils import compile_model, output_dir
 from ..utils.artifacts import use_run_folder
 from ..utils.runtime import seed_everything
@@ -38,20 +38,6 @@ def build_model(args, num_classes: int) -> Segmenter:
         load_backbone(model.backbone, args.backbone_checkpoint)
     convert_if_asked(model.backbone, getattr(args, "convert", None))  # after loading the softmax weights
     return model
-
-
-def load_backbone(backbone: nn.Module, path: str) -> None:
-    """Initialise the backbone from a classification checkpoint (its head and unknown keys are dropped)."""
-    from timm.models import load_state_dict
-
-    state = unwrap_state_dict(load_state_dict(path, weights_only=True))
-    own = backbone.state_dict()
-    state = {k: v for k, v in state.items() if k in own}
-    missing = [k for k in own if k not in state]
-    mis_shaped = [k for k in state if state[k].shape != own[k].shape]
-    if missing or mis_shaped:
-        raise ValueError(f"{path}: does not fit the backbone: missing {missing[:3]}, mis-shaped {mis_shaped[:3]}")
-    backbone.load_state_dict(state)
 
 
 @torch.no_grad()

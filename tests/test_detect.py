@@ -1,0 +1,196 @@
+"""Detection: torchvision detectors on every backbone, the COCO reader, COCO scoring, train/eval end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from linvit.cli import main as cli_main
+from linvit.data.cluttered_mnist import build_detection_set
+from linvit.detect import CocoDetection, coco_stats, create_detector, to_coco_results
+
+TINY = dict(min_size=64, max_size=96, anchor_base=8, pyramid_channels=16)
+FAMILIES = {
+    "deit_tiny_patch16_224": dict(depth=1, patch_size=8),
+    "infvit_tiny_patch16_224": dict(depth=1, patch_size=8),
+    "linear_infvit_tiny_patch16_224": dict(depth=1, patch_size=8),
+    "katz_infvit_tiny_patch16_224": dict(depth=1, patch_size=8),
+    "weightformer_tiny_patch16_224": dict(depth=2, patch_size=8, dynamic_interval=1),
+}
+
+
+def _targets(masks: bool = False):
+    t = {"boxes": torch.tensor([[8.0, 10.0, 30.0, 40.0], [40.0, 20.0, 60.0, 50.0]]), "labels": torch.tensor([1, 3])}
+    if masks:
+        t["masks"] = torch.zeros(2, 64, 80, dtype=torch.uint8)
+        t["masks"][0, 10:40, 8:30] = 1
+        t["masks"][1, 20:50, 40:60] = 1
+    return [t]
+
+
+@pytest.mark.parametrize("backbone", sorted(FAMILIES))
+def test_every_family_detects_with_finite_losses(backbone):
+    torch.manual_seed(0)
+    model = create_detector(backbone, 4, "fasterrcnn", **TINY, **FAMILIES[backbone])
+    image = torch.rand(3, 64, 80)  # not square, not a multiple of the pyramid's divisor
+    losses = model.train()([image], _targets())
+    assert {"loss_classifier", "loss_box_reg", "loss_objectness", "loss_rpn_box_reg"} == losses.keys()
+    assert all(torch.isfinite(v) for v in losses.values())
+    (out,) = model.eval()([image])
+    assert out["boxes"].shape[1] == 4 and out["boxes"].shape[0] == out["scores"].shape[0] == out["labels"].shape[0]
+
+
+@pytest.mark.parametrize("kind", ["retinanet", "maskrcnn"])
+def test_retinanet_and_mask_rcnn(kind):
+    torch.manual_seed(0)
+    model = create_detector("linear_infvit_tiny_patch16_224", 4, kind, **TINY, depth=1, patch_size=8)
+    losses = model.train()([torch.rand(3, 64, 80)], _targets(masks=kind == "maskrcnn"))
+    assert all(torch.isfinite(v) for v in losses.values()) and (kind != "maskrcnn" or "loss_mask" in losses)
+    (out,) = model.eval()([torch.rand(3, 64, 80)])
+    assert kind != "maskrcnn" or out["masks"].shape[-2:] == (64, 80)
+
+
+def test_a_few_steps_lower_the_loss():
+    torch.manual_seed(0)
+    model = create_detector("katz_infvit_tiny_patch16_224", 4, "fasterrcnn", **TINY, depth=1, patch_size=8).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    image, targets = torch.rand(3, 64, 80), _targets()
+    losses = []
+    for _ in range(4):
+        torch.manual_seed(1)  # the same proposal sampling every step
+        loss = sum(model([image], targets).values())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_bad_detector_arguments():
+    with pytest.raises(ValueError, match="unknown detector"):
+        create_detector("deit_tiny_patch16_224", 4, "yolo")
+    with pytest.raises(ValueError, match="background"):
+        create_detector("deit_tiny_patch16_224", 1)
+
+
+# the COCO reader ---------------------------------------------------------------------------------------------
+
+
+def _coco(tmp_path, annotations, images=None, categories=None):
+    from PIL import Image
+
+    images = images or [{"id": 1, "file_name": "a.png", "width": 50, "height": 40}]
+    for info in images:
+        Image.new("RGB", (info["width"], info["height"])).save(tmp_path / info["file_name"])
+    categories = categories or [{"id": 7, "name": "cat"}, {"id": 3, "name": "dog"}]
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
+    return path
+
+
+def _ann(i, bbox, category=7, image=1, crowd=0):
+    return {"id": i, "image_id": image, "category_id": category, "bbox": bbox, "area": 1.0, "iscrowd": crowd}
+
+
+def test_coco_reader_maps_categories_clips_and_counts_what_it_skips(tmp_path):
+    images = [{"id": 1, "file_name": "a.png", "width": 50, "height": 40}]
+    images.append({"id": 2, "file_name": "b.png", "width": 30, "height": 30})  # no annotations: kept
+    anns = [
+        _ann(1, [10, 5, 20, 10], category=3),
+        _ann(2, [40, 30, 20, 20]),  # partly outside: clipped to [40, 30, 50, 40]
+        _ann(3, [10, 10, 0, 5]),  # degenerate
+        _ann(4, [60, 50, 5, 5]),  # outside the image
+        _ann(5, [0, 0, 10, 10], crowd=1),  # crowd: left out of training targets
+    ]
+    ann_file = _coco(tmp_path, anns, images)
+    train = CocoDetection(tmp_path, ann_file, train=True, hflip=0)
+    assert len(train) == 2 and train.num_classes == 3 and train.class_names == ["dog", "cat"]
+    image, target = train[0]
+    assert image.shape == (3, 40, 50) and target["labels"].tolist() == [1, 2]  # dog (id 3) -> 1, cat (id 7) -> 2
+    torch.testing.assert_close(target["boxes"], torch.tensor([[10.0, 5.0, 30.0, 15.0], [40.0, 30.0, 50.0, 40.0]]))
+    assert dict(train.skipped) == {"degenerate": 1, "outside the image": 1, "crowd": 1}
+    assert train[1][1]["boxes"].shape == (0, 4)
+    evaluation = CocoDetection(tmp_path, ann_file, train=False)
+    assert evaluation[0][1]["iscrowd"].tolist() == [0, 0, 1]  # COCOeval needs the crowd regions
+
+
+def test_coco_reader_errors(tmp_path):
+    with pytest.raises(ValueError, match="category id 9"):
+        CocoDetection(tmp_path, _coco(tmp_path, [_ann(1, [1, 1, 5, 5], category=9)]))
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "x"}]}))
+    with pytest.raises(ValueError, match="no images"):
+        CocoDetection(tmp_path, empty)
+    with pytest.raises(ValueError, match="not found"):
+        CocoDetection(tmp_path, tmp_path / "missing.json")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="not a COCO instances file"):
+        CocoDetection(tmp_path, tmp_path / "broken.json")
+
+
+def test_ground_truth_as_detections_scores_100_through_the_category_mapping(tmp_path):
+    anns = [_ann(1, [10, 5, 20, 10], category=3), _ann(2, [25, 20, 15, 15])]
+    data = CocoDetection(tmp_path, _coco(tmp_path, anns))
+    _, target = data[0]
+    output = {"boxes": target["boxes"], "labels": target["labels"], "scores": torch.ones(2)}
+    results = to_coco_results(output, target["image_id"], data.category_ids)
+    assert [r["category_id"] for r in results] == [3, 7] and results[0]["bbox"] == [10.0, 5.0, 20.0, 10.0]
+    stats, summary = coco_stats(data.coco, results)
+    assert stats["AP"] == pytest.approx(100.0) and "Average Precision" in summary
+    wrong = [{**r, "category_id": 10 - r["category_id"]} for r in results]  # labels swapped: nothing matches
+    assert coco_stats(data.coco, wrong)[0]["AP"] == 0.0
+
+
+# train and eval end to end ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def det_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("det")
+    build_detection_set(root, digits_per_image=2, canvas=48, per_class_train=2, per_class_val=1, clutter=1)
+    return root / "detection"
+
+
+ARGS = ["--model", "linear_infvit_tiny_patch16_224", "--min-size", "48", "--max-size", "64", "--anchor-base", "8"]
+ARGS += ["--pyramid-channels", "16", "--workers", "0", "--device", "cpu", "--model-kwargs", "patch_size=8", "depth=1"]
+
+
+def test_detect_train_resume_eval_and_rescoring(det_data, tmp_path):
+    run = tmp_path / "run"
+    train = ["detect", "train", "--data", str(det_data), "--train-split", "train", "--val-split", "val"]
+    train += ["--output", str(run), "--batch-size", "2", "--lr", "1e-3", "--no-progress", "--warmup-epochs", "0"]
+    assert cli_main([*train, "--epochs", "1", *ARGS]) == 0
+    assert cli_main([*train, "--epochs", "2", "--resume", "auto", *ARGS]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1] and {"val_AP", "val_AP50", "train_loss"} <= rows[-1].keys()
+    assert json.loads((run / "config.json").read_text())["linvit"]["task"] == "detection"
+
+    out = tmp_path / "eval"
+    evaluate = ["detect", "eval", "--data", str(det_data), "--split", "val", "--checkpoint", str(run)]
+    assert cli_main([*evaluate, "--out", str(out), "--workers", "0", "--device", "cpu"]) == 0  # model from args.yaml
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["AP"] == pytest.approx(rows[-1]["val_AP"]) and metrics["model"] == "linear_infvit_tiny_patch16_224"
+    data = CocoDetection(det_data / "val", det_data / "annotations" / "instances_val.json")
+    rescored, _ = coco_stats(data.coco, json.loads((out / "detections.json").read_text()))
+    assert rescored["AP"] == pytest.approx(metrics["AP"]) and rescored["AR100"] == pytest.approx(metrics["AR100"])
+
+    # torchrun with 2 processes scores the same detections
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "linvit"]
+    cmd += [*evaluate, "--out", str(tmp_path / "eval2"), "--workers", "0", "--device", "cpu"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "eval2" / "metrics.json").read_text())["AP"] == pytest.approx(metrics["AP"])
+
+
+def test_detect_cli_errors_are_one_line(det_data, tmp_path, capsys):
+    base = ["detect", "eval", "--data", str(det_data), "--out", str(tmp_path), *ARGS]
+    assert cli_main([*base, "--split", "nosuchsplit"]) == 2
+    assert "instances_nosuchsplit.json" in capsys.readouterr().err
+    assert cli_main([*base, "--ann-file", str(tmp_path / "x.json")]) == 2
+    assert "annotation file not found" in capsys.readouterr().err
