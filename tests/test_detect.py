@@ -194,3 +194,13 @@ def test_detect_cli_errors_are_one_line(det_data, tmp_path, capsys):
     assert "instances_nosuchsplit.json" in capsys.readouterr().err
     assert cli_main([*base, "--ann-file", str(tmp_path / "x.json")]) == 2
     assert "annotation file not found" in capsys.readouterr().err
+
+
+def test_bench_measures_the_whole_detector_at_the_coco_aspect():
+    from linvit.bench.point import measure
+
+    spec = dict(model="linear_infvit_tiny_patch16_224", res=64, task="detect", iters=1, warmup=0)
+    record = measure({**spec, "model_kwargs": dict(depth=1, patch_size=8, pyramid_channels=16)})
+    assert record["status"] == "ok" and record["tokens"] == (64 // 8) * (107 // 8)  # 64 x 107 (1333 / 800)
+    with pytest.raises(ValueError, match="inference only"):
+        measure({**spec, "mode": "train"})

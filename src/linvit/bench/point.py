@@ -36,6 +36,8 @@ DEFAULTS = {
     "min_time_s": 0.0,
 }
 SEGMENT_CLASSES = 150  # ADE20K
+DETECT_CLASSES = 81  # COCO's 80 categories + background
+COCO_ASPECT = 1333 / 800  # detection points are res x round(res * 1333 / 800), COCO's resize at res = 800
 
 
 def _sync(device: torch.device) -> None:
@@ -76,13 +78,23 @@ def measure(spec: dict) -> dict:
 
         model = create_segmenter(spec["model"], num_classes=SEGMENT_CLASSES, **kwargs)
         target_shape = (batch, res, res)
+    elif spec.get("task") == "detect":  # the whole Faster R-CNN (pyramid, RPN, RoI heads), inference only
+        from ..detect import create_detector
+
+        if mode != "infer":
+            raise ValueError("--task detect measures inference only")
+        width = round(res * COCO_ASPECT)
+        model = create_detector(spec["model"], DETECT_CLASSES, min_size=res, max_size=width, **kwargs)
+        target_shape = (batch,)
     else:  # position embeddings resampled per input (as deployed), never a weight sized to the resolution
         model = create_any_size(spec["model"], **kwargs)
         target_shape = (batch,)
     model = model.to(device)
     model.train(mode == "train")
     runner = compile_model(model, spec["compile"])
-    x = torch.randn(batch, 3, res, res, device=device)
+    width = round(res * COCO_ASPECT) if spec.get("task") == "detect" else res
+    x = torch.randn(batch, 3, res, width, device=device)
+    inputs = list(x.uniform_(0, 1)) if spec.get("task") == "detect" else x  # detectors take lists of [0, 1] images
     target = torch.randint(0, max(1, getattr(model, "num_classes", 1000)), target_shape, device=device)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
 
@@ -94,7 +106,7 @@ def measure(spec: dict) -> dict:
             model.zero_grad(set_to_none=True)
         else:
             with torch.inference_mode(), autocast:
-                net(x)
+                net(inputs)
 
     energy = EnergyMeter(device)
     times: list[float] = []
@@ -113,12 +125,14 @@ def measure(spec: dict) -> dict:
     if warmup:  # FLOPs of the eager model from one more iteration, outside the memory window: the counter's
         flops = count_flops(partial(step, model))  # dispatch mode decomposes some ops into large temporaries
     median = statistics.median(times)
-    patch = getattr(getattr(getattr(model, "backbone", model), "patch_embed", None), "patch_size", (16, 16))
+    backbone = getattr(model, "backbone", model)  # the segmenter's timm backbone, or the detector's pyramid
+    backbone = getattr(backbone, "body", backbone)  # ... whose body is the timm backbone
+    patch = getattr(getattr(backbone, "patch_embed", None), "patch_size", (16, 16))
     return {
         **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype", "task", "compile")},
         "status": "ok",
         "reason": None,
-        "tokens": (res // patch[0]) * (res // patch[1]),
+        "tokens": (res // patch[0]) * (width // patch[1]),
         "latency_ms": median * 1e3,
         "latency_min_ms": min(times) * 1e3,
         "latency_max_ms": max(times) * 1e3,

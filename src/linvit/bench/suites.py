@@ -74,6 +74,24 @@ SUITES: dict[str, dict] = {
         timeout=1200,
         reference=["deit_tiny_patch16_224"],
     ),
+    # the whole detector (Faster R-CNN on the simple feature pyramid), COCO's 800 x 1333 and twice that
+    "detect": dict(
+        models=[
+            "deit_tiny_patch16_224",
+            "deit_tiny_patch16_224:naive",
+            "infvit_tiny_patch16_224",
+            "linear_infvit_tiny_patch16_224",
+            "katz_infvit_tiny_patch16_224",
+            "weightformer_tiny_patch16_224",
+        ],
+        res=[800, 1600],
+        iters=2,
+        warmup=1,
+        task="detect",
+        mem_limit=20.0,
+        timeout=900,
+        reference=["deit_tiny_patch16_224"],
+    ),
     # very high resolution with no flags (token chunking is chosen automatically at this size)
     "highres": dict(models=["linear_infvit_4l_patch16_224"], res=[9216, 16384], iters=1, warmup=0, timeout=3000),
     # CPU: eager against compiled (inductor), batch 1
