@@ -169,6 +169,30 @@ def _add_detect_args(p: argparse.ArgumentParser, model_required: bool = True) ->
     _add_runtime_args(p, batch_size=2)
 
 
+def _add_dense_train_args(p: argparse.ArgumentParser, splits: tuple[str, str], epochs: int) -> None:
+    """The recipe flags segment train and detect train share (AdamW, cosine per iteration, resume, logging)."""
+    p.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
+    p.add_argument("--train-split", default=splits[0])
+    p.add_argument("--val-split", default=splits[1])
+    p.add_argument("--epochs", type=POSITIVE, default=epochs)
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (per-iteration cosine schedule)")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
+    p.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
+    p.add_argument("--clip-grad", type=float, default=None)
+    p.add_argument(
+        "--backbone-checkpoint",
+        "--pretrained-file",
+        default=None,
+        help="classification weights to start the backbone from (its head is dropped)",
+    )
+    _add_convert_arg(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+    _add_log_arg(p)
+
+
 def _check_crop(args: argparse.Namespace) -> None:
     if len(args.crop_size) not in (1, 2) or min(args.crop_size) < 1:
         raise ValueError(f"--crop-size takes one side or H W, got {args.crop_size}")
@@ -355,29 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     seg = p.add_subparsers(dest="segment_command", required=True)
     t = seg.add_parser("train", help="per-pixel cross-entropy training (torchrun for DDP)")
     _add_segment_args(t)
-    t.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
-    t.add_argument("--train-split", default="train")
-    t.add_argument("--val-split", default="val")
-    t.add_argument("--epochs", type=POSITIVE, default=50)
-    t.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (per-iteration cosine schedule)")
-    t.add_argument("--weight-decay", type=float, default=0.05)
-    t.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
+    _add_dense_train_args(t, splits=("train", "val"), epochs=50)
     t.add_argument("--crop-size", type=int, nargs="+", default=[512], metavar="PX", help="training crop: S or H W")
     t.add_argument("--scale", type=float, nargs=2, default=[0.5, 2.0], help="random resize range (x the crop side)")
-    t.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
-    t.add_argument("--clip-grad", type=float, default=None)
-    t.add_argument(
-        "--backbone-checkpoint",
-        "--pretrained-file",
-        default=None,
-        help="classification weights to start the backbone from (its head is dropped)",
-    )
-    _add_convert_arg(t)
     _add_compile_arg(t)  # the training forward (fixed crops); evaluation sees images of many sizes and stays eager
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
-    t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
-    _add_log_arg(t)
     t.set_defaults(func=_runner("segment.engine", "run_segment_train", _check_crop))
     e = seg.add_parser("eval", help="mIoU, pixel accuracy and per-class IoU of a checkpoint")
     _add_segment_args(e, model_required=False)
@@ -396,27 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     det = p.add_subparsers(dest="detect_command", required=True)
     t = det.add_parser("train", help="train a detector on COCO-format data (torchrun for DDP)")
     _add_detect_args(t)
-    t.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
-    t.add_argument("--train-split", default="train2017")
-    t.add_argument("--val-split", default="val2017")
-    t.add_argument("--epochs", type=POSITIVE, default=12)
-    t.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (per-iteration cosine schedule)")
-    t.add_argument("--weight-decay", type=float, default=0.05)
-    t.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
-    t.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
-    t.add_argument("--clip-grad", type=float, default=None)
-    t.add_argument(
-        "--backbone-checkpoint",
-        "--pretrained-file",
-        default=None,
-        help="classification weights to start the backbone from (its head is dropped)",
-    )
-    _add_convert_arg(t)
+    _add_dense_train_args(t, splits=("train2017", "val2017"), epochs=12)
     t.add_argument("--grad-checkpointing", action="store_true", help="recompute backbone blocks in backward")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
-    t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
-    _add_log_arg(t)
     t.set_defaults(func=_runner("detect.engine", "run_detect_train"))
     e = det.add_parser("eval", help="detections.json and the 12 COCO numbers (pycocotools COCOeval)")
     _add_detect_args(e, model_required=False)

@@ -8,6 +8,7 @@ around them (replayable seeds, DDP, the metrics line, atomic checkpoints, resume
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,8 +16,9 @@ import torch
 import torch.nn as nn
 import yaml
 from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
-from .distributed import barrier
+from .distributed import all_reduce_sum, barrier
 from .evaluate import check_num_classes
 from .utils.artifacts import CONFIG, save_model_folder, write_model_card
 from .utils.checkpoint import atomic_save, atomic_write_text
@@ -110,6 +112,44 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, scaler, clip
         scaler.update()
     else:
         optimizer.step()
+
+
+def train_pass(
+    net: nn.Module,
+    loader,
+    batch_loss: Callable[[object], tuple[torch.Tensor, int]],
+    optimizer,
+    scheduler,
+    scaler,
+    epoch: int,
+    args,
+    device: torch.device,
+    rank: int,
+) -> dict:
+    """One epoch of a dense task (segmentation, detection): batch_loss(batch) -> (loss, images); the optimizer
+    step, the per-iteration schedule, a progress bar and the epoch's numbers (summed over ranks) are shared."""
+    net.train()
+    loss_sum = seen = 0.0
+    start = time.perf_counter()
+    bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
+    for step, batch in enumerate(bar):
+        loss, images = batch_loss(batch)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} step {step}; stopping")
+        optimizer_step(loss, net, optimizer, scaler, args.clip_grad)
+        scheduler.step_update(num_updates=epoch * len(loader) + step + 1)
+        loss_sum += loss.item() * images
+        seen += images
+        bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+    seconds = time.perf_counter() - start
+    loss_sum, seen = all_reduce_sum([loss_sum, seen], device)
+    scheduler.step(epoch + 1)
+    return {
+        "train_loss": loss_sum / max(seen, 1),
+        "lr": optimizer.param_groups[0]["lr"],
+        "epoch_seconds": seconds,
+        "images_per_second": seen / seconds if seconds > 0 else None,
+    }
 
 
 def gather_rng(world: int) -> list[dict]:

@@ -35,6 +35,28 @@ def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
     return table[:, :-1].reshape(-1, DIGIT, DIGIT).astype(np.uint8), table[:, -1].astype(np.int64)
 
 
+def _check_layout(canvas: int, per_class_train: int, per_class_val: int, clutter: int) -> None:
+    if canvas < DIGIT:
+        raise ValueError(f"canvas must be at least {DIGIT} pixels (one MNIST digit), got {canvas}")
+    if per_class_train < 1 or per_class_val < 1:
+        raise ValueError("per_class_train and per_class_val must be >= 1")
+    if clutter < 0:
+        raise ValueError(f"clutter must be >= 0, got {clutter}")
+
+
+def _class_pools(labels: np.ndarray, rng: np.random.Generator, per_class_train: int, per_class_val: int):
+    """(class, train digit indices, val digit indices) per class: disjoint digits, shuffled by rng."""
+    available = int(np.bincount(labels).min())
+    if per_class_train + per_class_val > available:
+        raise ValueError(
+            f"per_class_train + per_class_val = {per_class_train + per_class_val} exceeds the {available} "
+            "digits per class in the bundled sample (train and val use disjoint digits)"
+        )
+    for cls in range(10):
+        idx = rng.permutation(np.flatnonzero(labels == cls))
+        yield cls, idx[:per_class_train], idx[per_class_train : per_class_train + per_class_val]
+
+
 def _render(digit: np.ndarray, others: np.ndarray, canvas: int, clutter: int, rng: np.random.Generator):
     """One canvas with clutter fragments and the digit on top; returns (image, [x0, y0, x1, y1], ink mask)."""
     img = np.zeros((canvas, canvas), dtype=np.uint8)
@@ -69,27 +91,14 @@ def build_cluttered_mnist(
     Returns:
         The metadata written to meta.json (arguments and image counts).
     """
-    if canvas < DIGIT:
-        raise ValueError(f"canvas must be at least {DIGIT} pixels (one MNIST digit), got {canvas}")
-    if per_class_train < 1 or per_class_val < 1:
-        raise ValueError("per_class_train and per_class_val must be >= 1")
-    if clutter < 0:
-        raise ValueError(f"clutter must be >= 0, got {clutter}")
+    _check_layout(canvas, per_class_train, per_class_val, clutter)
     digits, labels = load_mnist_5k()
-    available = int(np.bincount(labels).min())
-    if per_class_train + per_class_val > available:
-        raise ValueError(
-            f"per_class_train + per_class_val = {per_class_train + per_class_val} exceeds the {available} "
-            "digits per class in the bundled sample (train and val use disjoint digits)"
-        )
     out = output_dir(out)
     rng = np.random.default_rng(seed)
     boxes: dict[str, list[list[int]]] = {}
     jobs = []
-    for cls in range(10):
-        idx = rng.permutation(np.flatnonzero(labels == cls))
-        jobs += [("train", cls, i) for i in idx[:per_class_train]]
-        jobs += [("val", cls, i) for i in idx[per_class_train : per_class_train + per_class_val]]
+    for cls, train, val in _class_pools(labels, rng, per_class_train, per_class_val):
+        jobs += [("train", cls, i) for i in train] + [("val", cls, i) for i in val]
     counters = {"train": 0, "val": 0}
     for split, cls, i in tqdm(jobs, desc="cluttered-mnist", unit="img", disable=not progress):
         others = digits[labels != cls]
@@ -145,17 +154,15 @@ def build_detection_set(
     """
     if digits_per_image < 1:
         raise ValueError(f"digits_per_image must be >= 1, got {digits_per_image}")
-    if canvas < DIGIT:
-        raise ValueError(f"canvas must be at least {DIGIT} pixels (one MNIST digit), got {canvas}")
+    _check_layout(canvas, per_class_train, per_class_val, clutter)
     digits, labels = load_mnist_5k()
     rng = np.random.default_rng(seed + 1)
     root = output_dir(Path(out) / "detection")
     (root / "annotations").mkdir(exist_ok=True)
     pools = {"train": [], "val": []}
-    for cls in range(10):
-        idx = rng.permutation(np.flatnonzero(labels == cls))
-        pools["train"] += idx[:per_class_train].tolist()
-        pools["val"] += idx[per_class_train : per_class_train + per_class_val].tolist()
+    for _, train, val in _class_pools(labels, rng, per_class_train, per_class_val):
+        pools["train"] += train.tolist()
+        pools["val"] += val.tolist()
     categories = [{"id": d + 1, "name": str(d), "supercategory": "digit"} for d in range(10)]
     counts = {}
     for split, pool in pools.items():

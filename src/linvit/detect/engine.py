@@ -9,7 +9,6 @@ shared with every rank, so a torchrun evaluation equals a single-process one.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -20,8 +19,8 @@ from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
-from ..distributed import all_reduce_sum, cleanup, init_distributed, is_distributed
-from ..engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config
+from ..distributed import cleanup, init_distributed, is_distributed
+from ..engine import resume_run, run_epochs, train_pass, training_state, wrap_ddp, write_run_config
 from ..evaluate import autocast, eval_loader, load_weights, write_json
 from ..utils import output_dir
 from ..utils.artifacts import use_run_folder
@@ -157,33 +156,15 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
             f"{len(train_set)} train / {len(val_set)} val images (annotations skipped: {skipped}), world {world}"
         )
 
+    def batch_loss(batch) -> tuple[torch.Tensor, int]:
+        images = [im.to(device, non_blocking=True) for im in batch[0]]
+        targets = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in t.items()} for t in batch[1]]
+        with autocast(device, args.amp):
+            losses = net(images, targets)
+        return sum(v.float() for v in losses.values()), len(images)
+
     def train_epoch(epoch: int) -> dict:
-        net.train()
-        loss_sum = seen = 0.0
-        start = time.perf_counter()
-        bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
-        for step, (images, targets) in enumerate(bar):
-            images = [im.to(device, non_blocking=True) for im in images]
-            targets = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in t.items()} for t in targets]
-            with autocast(device, args.amp):
-                losses = net(images, targets)
-            loss = sum(v.float() for v in losses.values())
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} step {step}; stopping")
-            optimizer_step(loss, net, optimizer, scaler, args.clip_grad)
-            scheduler.step_update(num_updates=epoch * len(loader) + step + 1)
-            loss_sum += loss.item() * len(images)
-            seen += len(images)
-            bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
-        seconds = time.perf_counter() - start
-        loss_sum, seen = all_reduce_sum([loss_sum, seen], device)
-        scheduler.step(epoch + 1)
-        return {
-            "train_loss": loss_sum / max(seen, 1),
-            "lr": optimizer.param_groups[0]["lr"],
-            "epoch_seconds": seconds,
-            "images_per_second": seen / seconds if seconds > 0 else None,
-        }
+        return train_pass(net, loader, batch_loss, optimizer, scheduler, scaler, epoch, args, device, rank)
 
     def evaluate_epoch(epoch: int) -> dict:
         stats, _, _ = evaluate_detection(model, val_loader, val_set, device, args.amp)

@@ -8,7 +8,6 @@ metrics.jsonl and model.safetensors at the end.
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from ..conversion import convert_if_asked
-from ..distributed import all_reduce_sum, all_reduce_tensor, cleanup, init_distributed
-from ..engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config
+from ..distributed import all_reduce_tensor, cleanup, init_distributed
+from ..engine import resume_run, run_epochs, train_pass, training_state, wrap_ddp, write_run_config
 from ..evaluate import autocast, eval_loader, load_backbone, load_weights, write_json
 from ..utils import compile_model, output_dir
 from ..utils.artifacts import use_run_folder
@@ -132,32 +131,14 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
             f"({split.layout}), {len(loader.dataset)} train images, world {world}"
         )
 
+    def batch_loss(batch) -> tuple[torch.Tensor, int]:
+        images, labels = (t.to(device, non_blocking=True) for t in batch)
+        with autocast(device, args.amp):
+            logits = net(images)
+        return F.cross_entropy(logits.float(), labels, ignore_index=split.ignore_index), len(images)
+
     def train_epoch(epoch: int) -> dict:
-        net.train()
-        loss_sum = seen = 0.0
-        start = time.perf_counter()
-        bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
-        for step, (images, labels) in enumerate(bar):
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-            with autocast(device, args.amp):
-                logits = net(images)
-            loss = F.cross_entropy(logits.float(), labels, ignore_index=split.ignore_index)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} step {step}; stopping")
-            optimizer_step(loss, net, optimizer, scaler, args.clip_grad)
-            scheduler.step_update(num_updates=epoch * len(loader) + step + 1)
-            loss_sum += loss.item() * len(images)
-            seen += len(images)
-            bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
-        seconds = time.perf_counter() - start
-        loss_sum, seen = all_reduce_sum([loss_sum, seen], device)
-        scheduler.step(epoch + 1)
-        return {
-            "train_loss": loss_sum / max(seen, 1),
-            "lr": optimizer.param_groups[0]["lr"],
-            "epoch_seconds": seconds,
-            "images_per_second": seen / seconds if seconds > 0 else None,
-        }
+        return train_pass(net, loader, batch_loss, optimizer, scheduler, scaler, epoch, args, device, rank)
 
     def evaluate_epoch(epoch: int) -> dict:
         val = evaluate_segmentation(model, val_loader, split.num_classes, device, args.amp)
