@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # docs/results.md, "Object detection": Faster R-CNN on the simple feature pyramid of each tiny family, one recipe,
 # on the embedded detection set (3 digits per 64 px canvas). Prints the Markdown table.
-# Usage: bash scripts/detect_results.sh [OUT]   (about 30 CPU minutes on 2 cores)
+# Usage: bash scripts/detect_results.sh [OUT]   (about 20 CPU minutes on 2 cores)
 set -euo pipefail
 OUT=${1:-runs/detect}
 DATA=data/cmnist64det
@@ -10,7 +10,7 @@ DATA=data/cmnist64det
 MODELS="deit_tiny_patch16_224 infvit_tiny_patch16_224 linear_infvit_tiny_patch16_224 katz_infvit_tiny_patch16_224 weightformer_tiny_patch16_224"
 for m in $MODELS; do
     [ -f "$OUT/$m/model.safetensors" ] || linvit detect train --data $DATA/detection --train-split train \
-        --val-split val --model $m --output $OUT/$m --epochs 4 --batch-size 4 --lr 3e-4 --warmup-epochs 1 \
+        --val-split val --model $m --output $OUT/$m --epochs 3 --batch-size 4 --lr 3e-4 --warmup-epochs 1 \
         --min-size 64 --max-size 64 --anchor-base 8 --pyramid-channels 64 --workers 0 --no-progress \
         --resume auto --model-kwargs patch_size=8
 done
@@ -25,7 +25,7 @@ from linvit.models import create_variant
 from linvit.utils.flops import count_flops
 
 out, models = Path(sys.argv[1]), sys.argv[2:]
-print("| backbone | AP | AP50 | AP75 | train s (4 epochs) | backbone GMACs @64 |")
+print("| backbone | AP | AP50 | AP75 | train s (3 epochs) | backbone GMACs @64 |")
 print("|---|---|---|---|---|---|")
 for m in models:
     rows = [json.loads(line) for line in (out / m / "metrics.jsonl").read_text().splitlines()]
