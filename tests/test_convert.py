@@ -166,6 +166,16 @@ def test_transformer_encoder_honours_causal_masks_and_skips_its_fused_path():
         torch.testing.assert_close(padded[:, :6], unpadded, rtol=1e-4, atol=1e-5)
 
 
+def test_partly_converted_encoder_skips_the_fused_path_too():
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    encoder = convert(nn.TransformerEncoder(layer, num_layers=2), "pure_infsa", exclude=r"layers\.0\.").eval()
+    assert type(encoder.layers[0].self_attn) is nn.MultiheadAttention and not encoder.use_nested_tensor
+    padding = torch.zeros(1, 6, dtype=torch.bool)
+    padding[:, 4:] = True
+    with torch.no_grad():
+        assert torch.isfinite(encoder(torch.randn(1, 6, 16), src_key_padding_mask=padding)).all()
+
+
 @pytest.mark.parametrize("variant", ["linear_infsa", "katz_infsa"])
 def test_pooled_variants_refuse_masks_instead_of_ignoring_them(variant):
     layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)

@@ -231,8 +231,9 @@ def convert(
 def _disable_fused_encoders(model: nn.Module) -> None:
     """nn.TransformerEncoder's nested-tensor fast path calls fused softmax kernels on self_attn's weights."""
     for m in model.modules():
-        if isinstance(m, nn.TransformerEncoder) and not isinstance(m.layers[0].self_attn, nn.MultiheadAttention):
-            m.use_nested_tensor = False
+        if isinstance(m, nn.TransformerEncoder):
+            if any(not isinstance(layer.self_attn, nn.MultiheadAttention) for layer in m.layers):
+                m.use_nested_tensor = False
 
 
 def convert_if_asked(model: nn.Module, variant: str | None) -> dict | None:
