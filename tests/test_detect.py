@@ -71,6 +71,29 @@ def test_a_few_steps_lower_the_loss():
     assert losses[-1] < losses[0]
 
 
+def test_backbone_checkpoint_and_grad_checkpointing_reach_the_backbone(tmp_path):
+    from safetensors.torch import save_file
+
+    from linvit.models import create_variant
+
+    classifier = create_variant("linear_infvit_tiny_patch16_224", num_classes=10, depth=1, patch_size=8)
+    save_file(classifier.state_dict(), tmp_path / "w.safetensors")
+    model = create_detector(
+        "linear_infvit_tiny_patch16_224",
+        4,
+        **TINY,
+        depth=1,
+        patch_size=8,
+        backbone_checkpoint=str(tmp_path / "w.safetensors"),
+        grad_checkpointing=True,
+    )
+    body = model.backbone.body
+    assert body.grad_checkpointing and torch.equal(body.blocks[0].attn.qkv.weight, classifier.blocks[0].attn.qkv.weight)
+    losses = model.train()([torch.rand(3, 64, 80)], _targets())
+    sum(losses.values()).backward()  # recomputed blocks still give the backbone gradients
+    assert body.blocks[0].attn.qkv.weight.grad is not None
+
+
 def test_bad_detector_arguments():
     with pytest.raises(ValueError, match="unknown detector"):
         create_detector("deit_tiny_patch16_224", 4, "yolo")
@@ -144,6 +167,17 @@ def test_ground_truth_as_detections_scores_100_through_the_category_mapping(tmp_
     assert stats["AP"] == pytest.approx(100.0) and "Average Precision" in summary
     wrong = [{**r, "category_id": 10 - r["category_id"]} for r in results]  # labels swapped: nothing matches
     assert coco_stats(data.coco, wrong)[0]["AP"] == 0.0
+
+
+def test_embedded_masks_scored_as_ground_truth_give_mask_ap_100(det_data):
+    data = CocoDetection(det_data / "val", det_data / "annotations" / "instances_val.json", masks=True)
+    results = []
+    for image, target in (data[i] for i in range(len(data))):
+        assert target["masks"].shape == (len(target["boxes"]), *image.shape[-2:])
+        output = {k: target[k] for k in ("boxes", "labels")}
+        output.update(scores=torch.ones(len(target["boxes"])), masks=target["masks"][:, None].float())
+        results += to_coco_results(output, target["image_id"], data.category_ids)
+    assert coco_stats(data.coco, results, "segm")[0]["AP"] == pytest.approx(100.0)
 
 
 # train and eval end to end ------------------------------------------------------------------------------------
