@@ -209,6 +209,7 @@ def test_detect_train_resume_eval_and_rescoring(det_data, tmp_path):
     assert cli_main([*evaluate, "--out", str(out), "--workers", "0", "--device", "cpu"]) == 0  # model from args.yaml
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["AP"] == pytest.approx(rows[-1]["val_AP"]) and metrics["model"] == "linear_infvit_tiny_patch16_224"
+    assert (metrics["min_size"], metrics["max_size"], metrics["anchor_base"]) == (48, 64, 8)  # the run's detector
     data = CocoDetection(det_data / "val", det_data / "annotations" / "instances_val.json")
     rescored, _ = coco_stats(data.coco, json.loads((out / "detections.json").read_text()))
     assert rescored["AP"] == pytest.approx(metrics["AP"]) and rescored["AR100"] == pytest.approx(metrics["AR100"])

@@ -99,6 +99,7 @@ linvit {"segment eval" if info.get("task") == "segmentation" else "eval"} --chec
 
 # what defines the model in a run's args.yaml: taken from the run when --model is not given
 MODEL_ARGS = ("model", "model_kwargs", "convert", "pyramid_channels", "head_channels")
+MODEL_ARGS += ("detector", "min_size", "max_size", "anchor_base")  # detection: the detector and its resize
 # input settings taken from the run when not given
 INPUT_ARGS = ("img_size", "crop_pct")
 
