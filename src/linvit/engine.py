@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import yaml
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
@@ -112,6 +114,24 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, scaler, clip
         scaler.update()
     else:
         optimizer.step()
+
+
+def dense_recipe(model: nn.Module, args, updates_per_epoch: int, device: torch.device):
+    """(optimizer, scheduler, scaler) of the dense tasks: AdamW through timm (no decay on norms, biases,
+    position embeddings), cosine per iteration from lr to lr/100 after a warm-up from lr/1000, fp16 scaling."""
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=args.lr, weight_decay=args.weight_decay)
+    scheduler, _ = create_scheduler_v2(
+        optimizer,
+        sched="cosine",
+        num_epochs=args.epochs,
+        warmup_epochs=args.warmup_epochs,
+        warmup_lr=args.lr * 1e-3,
+        min_lr=args.lr * 1e-2,
+        step_on_epochs=False,
+        updates_per_epoch=updates_per_epoch,
+    )
+    scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
+    return optimizer, scheduler, scaler
 
 
 def train_pass(

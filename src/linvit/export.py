@@ -33,15 +33,11 @@ def load_export_model(spec: str, model_kwargs: dict, img_size: tuple[int, int]) 
         folder, config = run
         if not config.get("architecture"):
             raise ValueError(f"{folder}: a {config['linvit'].get('task')} run; export takes classification runs")
-        model = timm.create_model(f"local-dir:{folder}", pretrained=True, **_size_kwargs(img_size), **model_kwargs)
+        model = timm.create_model(f"local-dir:{folder}", pretrained=True, img_size=img_size, **model_kwargs)
         return model, config["architecture"]
     if Path(spec).exists():
         raise ValueError(f"{spec}: not a linvit run folder (no config.json from `linvit train`)")
-    return create_variant(spec, **_size_kwargs(img_size), **model_kwargs), spec
-
-
-def _size_kwargs(img_size: tuple[int, int]) -> dict:
-    return {"img_size": img_size}
+    return create_variant(spec, img_size=img_size, **model_kwargs), spec
 
 
 def fix_size_dependent_choices(model: nn.Module, img_size: tuple[int, int]) -> list[str]:

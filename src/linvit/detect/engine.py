@@ -14,13 +14,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from ..distributed import cleanup, init_distributed, is_distributed
-from ..engine import resume_run, run_epochs, train_pass, training_state, wrap_ddp, write_run_config
+from ..engine import dense_recipe, resume_run, run_epochs, train_pass, training_state, wrap_ddp, write_run_config
 from ..evaluate import autocast, eval_loader, load_weights, write_json
 from ..utils import output_dir
 from ..utils.artifacts import use_run_folder
@@ -121,18 +119,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         raise ValueError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_detection)
     model = build_detector(args, train_set.num_classes).to(device)
-    optimizer = create_optimizer_v2(model, opt="adamw", lr=args.lr, weight_decay=args.weight_decay)
-    scheduler, _ = create_scheduler_v2(
-        optimizer,
-        sched="cosine",
-        num_epochs=args.epochs,
-        warmup_epochs=args.warmup_epochs,
-        warmup_lr=args.lr * 1e-3,
-        min_lr=args.lr * 1e-2,
-        step_on_epochs=False,
-        updates_per_epoch=len(loader),
-    )
-    scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
+    optimizer, scheduler, scaler = dense_recipe(model, args, len(loader), device)
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
     net = wrap_ddp(model, world, device)
     run_info = {

@@ -14,14 +14,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from ..conversion import convert_if_asked
 from ..distributed import all_reduce_tensor, cleanup, init_distributed
-from ..engine import resume_run, run_epochs, train_pass, training_state, wrap_ddp, write_run_config
+from ..engine import dense_recipe, resume_run, run_epochs, train_pass, training_state, wrap_ddp, write_run_config
 from ..evaluate import autocast, eval_loader, load_backbone, load_weights, write_json
 from ..utils import compile_model, output_dir
 from ..utils.artifacts import use_run_folder
@@ -95,18 +93,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     seed_everything(args.seed)
     split, loader, sampler, val_loader = _loaders(args, rank, world, device)
     model = build_model(args, split.num_classes).to(device)
-    optimizer = create_optimizer_v2(model, opt="adamw", lr=args.lr, weight_decay=args.weight_decay)
-    scheduler, _ = create_scheduler_v2(
-        optimizer,
-        sched="cosine",
-        num_epochs=args.epochs,
-        warmup_epochs=args.warmup_epochs,
-        warmup_lr=args.lr * 1e-3,
-        min_lr=args.lr * 1e-2,
-        step_on_epochs=False,
-        updates_per_epoch=len(loader),
-    )
-    scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
+    optimizer, scheduler, scaler = dense_recipe(model, args, len(loader), device)
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
     net = compile_model(wrap_ddp(model, world, device), args.compile)
     run_info = {
