@@ -420,7 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p, "registered model name, or a `linvit train` run folder (its trained weights)", KWARGS_HELP)
     p.add_argument("--format", choices=["onnx", "pt2", "torchscript"], default="onnx")
     p.add_argument("--img-size", type=POSITIVE, nargs="+", default=[224], metavar="PX", help="input side, or H W")
-    p.add_argument("--dynamic-batch", action="store_true", help="any batch size (onnx, pt2); checked at 1 and 3")
+    p.add_argument(
+        "--dynamic-batch",
+        action="store_true",
+        help="any batch size for onnx and pt2 (TorchScript always); checked at 1 and 3",
+    )
     p.add_argument("--out", required=True, help="output file")
     p.set_defaults(func=_runner("export", "run_export", _check_img_size))
 

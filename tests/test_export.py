@@ -9,7 +9,7 @@ import timm
 import torch
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
-import linvit  # noqa: F401  (registers the models)
+import linvit  # registers the models
 from linvit.cli import main as cli_main
 
 FAMILIES = {
@@ -106,9 +106,73 @@ def test_export_command_writes_a_checked_program_from_a_run_folder(tmp_path, cap
     x = torch.randn(3, 3, 32, 32)
     torch.testing.assert_close(reloaded(x), model.eval()(x))
     assert "max abs diff" in capsys.readouterr().out
+    script = tmp_path / "m.pt"
+    assert (
+        cli_main(
+            ["export", "--model", str(tmp_path / "run"), "--format", "torchscript", "--img-size", "32"]
+            + ["--out", str(script)]
+        )
+        == 0
+    )
+    summary_line = capsys.readouterr().out
+    assert "torchscript" in summary_line and "max abs diff" in summary_line
+    x = torch.randn(2, 3, 48, 64)  # a scripted model runs at any batch and size, not only the export's
+    torch.testing.assert_close(torch.jit.load(str(script))(x), model(x))
     seg = tmp_path / "seg"
     seg.mkdir()
     (seg / "config.json").write_text(json.dumps({"linvit": {"task": "segmentation"}}))
     assert cli_main(["export", "--model", str(seg), "--out", str(tmp_path / "x.onnx")]) == 2
     assert "classification runs" in capsys.readouterr().err
     assert cli_main(["export", "--model", "deit_tiny_patch16_224", "--img-size", "1", "2", "3", "--out", "x"]) == 2
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_torchscript_script_matches_eager_forward_and_backward(name, tmp_path):
+    model = _model(name)
+    torch.jit.save(torch.jit.script(model), str(tmp_path / "m.pt"))
+    scripted = torch.jit.load(str(tmp_path / "m.pt"))  # saved and reloaded: no Python left in it
+    for shape in [(2, 3, 64, 96), (1, 3, 48, 32)]:  # any batch and size, position tables resampled in the graph
+        x = torch.randn(shape)
+        with torch.no_grad():
+            torch.testing.assert_close(scripted.eval()(x), model.eval()(x), rtol=1e-5, atol=1e-6)
+    x = torch.randn(2, 3, 64, 96)
+    model.train()(x).square().sum().backward()
+    scripted.train()(x).square().sum().backward()
+    eager_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    scripted_grads = {n: p.grad for n, p in scripted.named_parameters() if p.grad is not None}
+    assert eager_grads.keys() == scripted_grads.keys() and eager_grads
+    for n, grad in eager_grads.items():
+        torch.testing.assert_close(scripted_grads[n], grad, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="channels"):  # eager input checks are still there
+        model(torch.randn(1, 4, 64, 64))
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("infvit_tiny_patch16_224", dict(attn_impl="chunked", qk_norm=True, class_token=False, global_pool="avg")),
+        ("linear_infvit_tiny_patch16_224", dict(fold_kv=False)),
+        ("linear_infvit_tiny_patch16_224", dict(qkv_bias=False)),
+        ("katz_infvit_tiny_patch16_224", dict(feature_map="elu+1")),
+        ("weightformer_tiny_patch16_224", dict(dynamic_interval=1, linear_predictor="gap", conv_predictor="gap")),
+        ("weightformer_tiny_patch16_224", dict(dynamic_interval=1, linear_predictor="deep")),
+        ("weightformer_tiny_patch16_224", dict(dynamic_interval=1, linear_predictor="linear")),
+        ("weightformer_tiny_patch16_224", dict(dynamic_interval=1, linear_predictor="nonlinear")),
+        ("weightformer_tiny_patch16_224", dict(dynamic_interval=0)),
+    ],
+    ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()),
+)
+def test_torchscript_script_covers_every_mixer_and_predictor_option(name, kwargs):
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=5, depth=2, **kwargs).eval()
+    x = torch.randn(2, 3, 32, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(model)(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_torchscript_script_of_a_converted_timm_model():
+    torch.manual_seed(0)
+    model = linvit.convert(timm.create_model("deit_tiny_patch16_224", depth=2, num_classes=5), "linear_infsa").eval()
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(model)(x), model(x), rtol=1e-5, atol=1e-6)

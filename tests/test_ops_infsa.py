@@ -56,10 +56,11 @@ def test_pure_auto_switches_to_chunked_above_threshold(monkeypatch):
     q, k, v = _qkv(1, 2, 30, 8)
     calls = []
     orig = mod._pure_infsa_chunked
-    monkeypatch.setattr(mod, "_pure_infsa_chunked", lambda *a: calls.append(1) or orig(*a))
-    monkeypatch.setattr(mod, "DENSE_MAX_SCORES", 2 * 30 * 30 - 1)
-    assert rel_err(pure_infsa(q, k, v, 0.9), pure_infsa_ref(q, k, v, 0.9)) <= 1e-5
-    assert calls, "auto did not pick the chunked form above DENSE_MAX_SCORES"
+    monkeypatch.setattr(mod, "_pure_infsa_chunked", lambda *a: calls.append(a[5]) or orig(*a))
+    assert rel_err(pure_infsa(q, k, v, 0.9, max_dense_scores=2 * 30 * 30), pure_infsa_ref(q, k, v, 0.9)) <= 1e-5
+    assert not calls, "auto chunked at the threshold"
+    assert rel_err(pure_infsa(q, k, v, 0.9, max_dense_scores=2 * 30 * 30 - 1), pure_infsa_ref(q, k, v, 0.9)) <= 1e-5
+    assert calls == [(2 * 30 * 30 - 1) // 2 // (2 * 30)], "auto did not pick the chunked form above max_dense_scores"
 
 
 @pytest.mark.parametrize("op", [pure_infsa, linear_infsa], ids=["pure", "linear"])

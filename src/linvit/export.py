@@ -1,10 +1,12 @@
 """`linvit export`: a model (registered name or run folder) as ONNX, a torch.export program (.pt2) or TorchScript.
 
-Size-dependent eager choices are fixed at export time, one way: token chunking is off (exported graphs take
-the whole-tensor path), pure InfSA's "auto" form becomes the form it picks for one image of the export
-size (dense up to ops.infsa.DENSE_MAX_SCORES scores, else the two-pass form), Katz-InfSA sums its series
-by repeated squaring (ONNX has no linear solve; ops.katz.neumann_by_squaring) and WeightFormer's
-per-sample depthwise convolution runs as shifted multiply-adds (a dynamic batch cannot set conv groups).
+ONNX and .pt2 graphs fix size-dependent eager choices at export time, one way: token chunking is off
+(exported graphs take the whole-tensor path), pure InfSA's "auto" form becomes the form it picks for one
+image of the export size (dense up to ops.infsa.DENSE_MAX_SCORES scores, else the two-pass form), Katz-InfSA
+sums its series by repeated squaring (ONNX has no linear solve; ops.katz.neumann_by_squaring) and
+WeightFormer's per-sample depthwise convolution runs as shifted multiply-adds (a dynamic batch cannot set conv
+groups). TorchScript files are scripted (torch.jit.script), so they keep the control flow: any batch, any
+input size, pure InfSA's "auto" choice made per input; token chunking and the eager caches stay eager-only.
 ONNX files are checked against PyTorch with onnxruntime before the command succeeds.
 """
 
@@ -62,10 +64,8 @@ def export_model(model: nn.Module, fmt: str, out: Path, example: torch.Tensor, d
     elif fmt == "onnx":
         program = torch.onnx.export(model, (example,), dynamo=True, dynamic_shapes=dims, verbose=False)
         program.save(str(out))
-    elif fmt == "torchscript":
-        if dynamic_batch:
-            raise ValueError("torchscript export is a trace at one input shape; drop --dynamic-batch")
-        torch.jit.save(torch.jit.trace(model, example), str(out))
+    elif fmt == "torchscript":  # scripted, not traced: every batch and input size runs
+        torch.jit.save(torch.jit.script(model), str(out))
     else:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
 
@@ -93,20 +93,23 @@ def run_export(args) -> dict:
     img_size = tuple(args.img_size) if len(args.img_size) == 2 else (args.img_size[0],) * 2
     model, name = load_export_model(args.model, args.model_kwargs, img_size)
     model.eval()
-    chosen = fix_size_dependent_choices(model, img_size)
+    scripted = args.format == "torchscript"
+    chosen = [] if scripted else fix_size_dependent_choices(model, img_size)
     example = torch.randn(2 if args.dynamic_batch else 1, 3, *img_size)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         export_model(model, args.format, out, example, args.dynamic_batch)
-    batches = [1, 3] if args.dynamic_batch else [example.shape[0]]
+    batches = [1, 3] if args.dynamic_batch or scripted else [example.shape[0]]
     if args.format == "onnx":
         diff = check_onnx(model, out, example, batches)
     else:
         reloaded = torch.export.load(str(out)).module() if args.format == "pt2" else torch.jit.load(str(out))
-        x = torch.randn(batches[-1], *example.shape[1:])
-        with torch.no_grad():
-            diff = float((reloaded(x) - model(x)).abs().max())
+        diff = 0.0
+        for batch in batches:
+            x = torch.randn(batch, *example.shape[1:])
+            with torch.no_grad():
+                diff = max(diff, float((reloaded(x) - model(x)).abs().max()))
     summary = {"model": name, "format": args.format, "file": str(out), "img_size": list(img_size)}
     summary.update(dynamic_batch=args.dynamic_batch, max_abs_diff=diff, batches_checked=batches, choices=chosen)
     print(f"{name} -> {out} ({args.format}, {out.stat().st_size / 2**20:.1f} MiB); max abs diff {diff:.2e}")

@@ -13,26 +13,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-
-def stateless_call() -> bool:
-    """True inside torch.compile, torch.export, a TorchScript trace or an FX symbolic trace: caches, input
-    checks and size-dependent eager paths stay out of graphs."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or is_fx_tracing()
-
-
-def is_fx_tracing() -> bool:
-    """torch.fx.symbolic_trace (torchvision's create_feature_extractor) is running: values are Proxies."""
-    return torch.fx._symbolic_trace.is_fx_symbolic_tracing()
-
-
-def call_eagerly(module: torch.nn.Module, *args):
-    """module(*args) as one node of an FX graph (each calling module registers it with torch.fx.wrap).
-
-    Under torch.fx.symbolic_trace the InfSA and dynamic-weight layers return this call instead of tracing
-    their size- and dtype-dependent Python (which FX proxies cannot evaluate); when the graph runs, the
-    layer's ordinary forward runs, so results and gradients are the eager ones.
-    """
-    return module(*args)
+from .graph_capture import stateless_call
 
 
 def derived_at_inference(

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
 from ..ops.common import autocast_dtype, no_autocast
-from .derived import derived_at_inference, stateless_call
+from .derived import derived_at_inference
+from .graph_capture import stateless_call
 
 LINEAR_PREDICTORS = ("bilateral", "deep", "nonlinear", "linear", "gap")
 CONV_PREDICTORS = ("adaptive", "gap")
@@ -25,12 +26,12 @@ def with_identity_tap(kernel: torch.Tensor, kernel_size: int) -> torch.Tensor:
     return kernel + F.pad(torch.ones_like(kernel[..., :1, :1]), (c, c, c, c))  # one-hot centre (traceable)
 
 
-def amplitude_denominator(raw: torch.Tensor, dim: int | tuple[int, ...], scale: float = 1.0) -> torch.Tensor:
+def amplitude_denominator(raw: torch.Tensor, dim: list[int], scale: float = 1.0) -> torch.Tensor:
     """||raw|| + 1 / scale over ``dim``, so that raw / it = amplitude_direction(scale * raw)."""
     return torch.linalg.vector_norm(raw, dim=dim, keepdim=True) + 1.0 / scale
 
 
-def amplitude_direction(dw: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+def amplitude_direction(dw: torch.Tensor, dim: list[int]) -> torch.Tensor:
     """dW / (||dW|| + 1) over ``dim``: keeps the direction, squashes the amplitude below 1."""
     return dw / amplitude_denominator(dw, dim)
 
@@ -155,43 +156,48 @@ class DynamicLinear(nn.Module):
 
     def correlation_of_pooled(self, pooled: torch.Tensor, norm: int) -> tuple[torch.Tensor, float]:
         """correlation() from pooled_tokens' output (a streamed pass can pool band by band)."""
-        left_map = right_map = None
-        if self.predictor in ("bilateral", "gap"):
+        # which weights exist says which predictor this is (hasattr is static under TorchScript)
+        left_map: torch.Tensor | None = None
+        right_map: torch.Tensor | None = None
+        if hasattr(self, "w1"):  # bilateral, gap
             left, right = F.silu(self.wfm(pooled)).split(self.split, dim=-1)
             left_map, right_map = self.w1, self.w2
-        elif self.predictor == "deep":
+        elif hasattr(self, "wfm"):  # deep
             left, right, right_map = pooled, F.silu(self.wfm(pooled)), self.w2
         elif self.predictor == "linear":
             left, right, right_map = pooled, pooled, self.w2
-        else:
+        else:  # nonlinear
             left, right = pooled, F.silu(pooled @ self.w2)
         return _low_rank_correlation(left, left_map, right, right_map), self.scale / norm
 
     def delta_weight(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
         """Per-sample dW of shape (B, C_in, C_out), after amplitude-direction normalisation."""
         g, scale = self.correlation(x, grid_size)
-        return g / amplitude_denominator(g, -2, scale)  # = amplitude_direction(s G)
+        return g / amplitude_denominator(g, [-2], scale)  # = amplitude_direction(s G)
 
     def forward(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
         """x: (B, N, C_in) tokens of an H x W grid (row-major) -> (B, N, C_out).
 
         W0 + dW in one addcdiv, x W + b in one baddbmm with the bias in the activation dtype.
         """
-        _check_grid(x, grid_size, self.in_features)
+        if not torch.jit.is_scripting():
+            _check_grid(x, grid_size, self.in_features)
         return self.apply_weight(x, self.dynamic_weight(*self.correlation(x, grid_size)))
 
     def dynamic_weight(self, g: torch.Tensor, scale: float) -> torch.Tensor:
-        """W0 + dW, (B, C_in, C_out) in float32, from correlation(): one addcdiv."""
-        with no_autocast(g):
-            return torch.addcdiv(self.w.to(g.dtype), g, amplitude_denominator(g, -2, scale))
+        """W0 + dW, (B, C_in, C_out) in float32, from correlation(): one addcdiv (g is float32, and neither the
+        norm nor addcdiv is an op autocast lowers, so this stays float32 under autocast)."""
+        return torch.addcdiv(self.w.to(g.dtype), g, amplitude_denominator(g, [-2], scale))
 
     def apply_weight(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x W + b for tokens x (B, n, C_in) in the activation dtype (autocast's, when it is on)."""
-        dtype = autocast_dtype(x) or x.dtype
+        amp = autocast_dtype(x)
+        dtype = x.dtype if amp is None else amp
         x, weight = x.to(dtype), weight.to(dtype)
-        if self.b is None:
+        bias = self.b
+        if bias is None:
             return torch.bmm(x, weight)
-        return torch.baddbmm(self.b.to(dtype), x, weight)
+        return torch.baddbmm(bias.to(dtype), x, weight)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, predictor={self.predictor}"
@@ -206,21 +212,31 @@ def _low_rank_correlation(
     b = right.shape[-1]
     c_in = a if left_map is None else left_map.shape[-1]
     c_out = b if right_map is None else right_map.shape[-1]
-    factors_first = M * (a * c_in * (left_map is not None) + b * c_out * (right_map is not None) + c_in * c_out)
-    core_first = M * a * b + a * c_out * b * (right_map is not None) + c_in * a * c_out * (left_map is not None)
-    acc = torch.float64 if left.dtype == torch.float64 else torch.float32
+    left_cost = 0 if left_map is None else a * c_in
+    right_cost = 0 if right_map is None else b * c_out
+    factors_first = M * (left_cost + right_cost + c_in * c_out)
+    core_first = M * a * b + (0 if right_map is None else a * c_out * b) + (0 if left_map is None else c_in * a * c_out)
     if factors_first <= core_first:  # maps applied per token (under autocast, as the release does)
-        p = left if left_map is None else left @ left_map
-        r = right if right_map is None else right @ right_map
-        with no_autocast(p):
-            return p.to(acc).transpose(1, 2) @ r.to(acc)
-    with no_autocast(left):
-        g = left.to(acc).transpose(1, 2) @ right.to(acc)  # (B, a, b)
-        if right_map is not None:
-            g = g @ right_map.to(acc)
-        if left_map is not None:
-            g = torch.bmm(left_map.to(acc).t().expand(B, -1, -1), g)  # no copy of the transposed map
-        return g
+        left = left if left_map is None else left @ left_map
+        right = right if right_map is None else right @ right_map
+        left_map = right_map = None
+    if not torch.jit.is_scripting():  # the token sum and the maps in float32 even under autocast
+        with no_autocast(left):
+            return _correlation_core_first(left, left_map, right, right_map)
+    return _correlation_core_first(left, left_map, right, right_map)
+
+
+def _correlation_core_first(
+    left: torch.Tensor, left_map: torch.Tensor | None, right: torch.Tensor, right_map: torch.Tensor | None
+) -> torch.Tensor:
+    """left_map^T (left^T right) right_map in the accumulation dtype (a missing map is the identity)."""
+    acc = torch.float64 if left.dtype == torch.float64 else torch.float32
+    g = left.to(acc).transpose(1, 2) @ right.to(acc)  # (B, a, b)
+    if right_map is not None:
+        g = g @ right_map.to(acc)
+    if left_map is not None:
+        g = torch.bmm(left_map.to(acc).t().expand(left.shape[0], -1, -1), g)  # no copy of the transposed map
+    return g
 
 
 class DynamicDWConv(nn.Module):
@@ -260,7 +276,16 @@ class DynamicDWConv(nn.Module):
 
     def delta_kernel(self, x: torch.Tensor) -> torch.Tensor:
         """Per-sample dK of shape (B, C, k, k)."""
-        return amplitude_direction(self._raw_delta(x), dim=(-2, -1))
+        return amplitude_direction(self._raw_delta(x), dim=[-2, -1])
+
+    def _residual_kernel(self) -> torch.Tensor:
+        """K0 plus the identity tap; kept per weight version at inference."""
+        if not torch.jit.is_scripting():
+            return derived_at_inference(self, "_residual_cache", (self.w,), self._derive_residual_kernel)
+        return self._derive_residual_kernel()
+
+    def _derive_residual_kernel(self) -> torch.Tensor:
+        return with_identity_tap(self.w, self.kernel_size)
 
     def forward(self, x: torch.Tensor, residual: bool = False) -> torch.Tensor:
         """x: (B, C, H, W) -> (B, C, H, W), 'same' padding; with ``residual``, x + that, in the same conv.
@@ -268,19 +293,17 @@ class DynamicDWConv(nn.Module):
         A channels-last x (the token-major grid viewed as NCHW) is convolved in place of layout at
         batch 1; K0 (+ I) + dK is one addcdiv, and the bias is passed as it is at batch 1.
         """
-        if not stateless_call() and (x.dim() != 4 or x.shape[1] != self.dim):
-            raise ValueError(f"expected (B, {self.dim}, H, W), got {tuple(x.shape)}")
+        if not torch.jit.is_scripting():
+            if not stateless_call() and (x.dim() != 4 or x.shape[1] != self.dim):
+                raise ValueError(f"expected (B, {self.dim}, H, W), got {tuple(x.shape)}")
         B, C, H, W = x.shape
         k = self.kernel_size
-        base = (
-            derived_at_inference(self, "_residual_kernel", (self.w,), lambda: with_identity_tap(self.w, k))
-            if residual
-            else self.w
-        )
+        base = self._residual_kernel() if residual else self.w
         raw = self._raw_delta(x)
-        kernel = torch.addcdiv(base.view(1, C, k, k), raw, amplitude_denominator(raw, (-2, -1)))  # K0 + dK
-        if torch.compiler.is_exporting():  # ONNX / pt2 with a symbolic batch: conv groups must be constant
-            return per_sample_depthwise(x, kernel.to(x.dtype), self.b.to(x.dtype))
+        kernel = torch.addcdiv(base.view(1, C, k, k), raw, amplitude_denominator(raw, [-2, -1]))  # K0 + dK
+        if not torch.jit.is_scripting():
+            if torch.compiler.is_exporting():  # ONNX / pt2 with a symbolic batch: conv groups must be constant
+                return per_sample_depthwise(x, kernel.to(x.dtype), self.b.to(x.dtype))
         kernel = kernel.reshape(B * C, 1, k, k)
         bias = self.b if not stateless_call() and B == 1 else self.b.repeat(B)
         out = F.conv2d(x.reshape(1, B * C, H, W), kernel.to(x.dtype), bias.to(x.dtype), padding=k // 2, groups=B * C)

@@ -3,10 +3,10 @@
 Each module keeps timm's Attention parameter layout (qkv, q_norm, k_norm, norm, proj), so timm
 tooling (weight init, checkpoint filters, layer-wise lr decay) works unchanged, and adds a per-head
 discount gamma = sigmoid(theta) that trains (the reference release freezes it through `.item()`).
+Every forward compiles with torch.jit.script (see layers/graph_capture.py).
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: TorchScript reads FoldedWeights' field types only when they are real types
 import math
 from typing import NamedTuple
 
@@ -18,9 +18,20 @@ from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops.common import no_autocast
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
 from ..ops.katz import katz_features, katz_mixing, katz_token_sums
-from .derived import call_eagerly, derived_at_inference, is_fx_tracing
+from .derived import derived_at_inference
+from .graph_capture import call_eagerly, is_fx_tracing
 
-torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see derived.call_eagerly)
+torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see graph_capture.call_eagerly)
+
+
+class FoldedWeights(NamedTuple):
+    """Per-head weights of the folded Linear-InfSA path (see LinearInfSAAttention.folded_weights)."""
+
+    w_q: torch.Tensor  # (C, C)
+    b_q: torch.Tensor | None  # (C,)
+    w_key: torch.Tensor  # (H, D, C) or (H, D, C + 1) with b_k appended, divided by D
+    w_value: torch.Tensor  # (H, C, D): gamma * W_v, transposed per head
+    b_value: torch.Tensor | None  # (H, D): gamma * b_v
 
 
 class _InfSABase(nn.Module):
@@ -103,7 +114,7 @@ class PureInfSAAttention(_InfSABase):
         self.block_size = block_size
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if is_fx_tracing():
+        if is_fx_tracing() and not torch.jit.is_scripting():
             return call_eagerly(self, x, attn_mask, is_causal)
         q, k, v = self.project_qkv(x)
         if is_causal:
@@ -139,7 +150,7 @@ class LinearInfSAAttention(_InfSABase):
         self.fold_kv = fold_kv
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if is_fx_tracing():
+        if is_fx_tracing() and not torch.jit.is_scripting():
             return call_eagerly(self, x, attn_mask, is_causal)
         if attn_mask is not None or is_causal:
             raise ValueError("Linear-InfSA pools all tokens into one state; attention masks are not supported")
@@ -164,38 +175,43 @@ class LinearInfSAAttention(_InfSABase):
         and gamma folded into W_v and b_v. Training and compiled graphs derive them every call, so
         gradients flow and the graph stays pure.
         """
-        params = (self.qkv.weight, self.qkv.bias, self.theta)
-        return derived_at_inference(self, "_folded_cache", params, self._derive_folded_weights)
+        if not torch.jit.is_scripting():
+            params = (self.qkv.weight, self.qkv.bias, self.theta)
+            return derived_at_inference(self, "_folded_cache", params, self._derive_folded_weights)
+        return self._derive_folded_weights()
 
     def _derive_folded_weights(self) -> FoldedWeights:
         H, D = self.num_heads, self.head_dim
         C = self.qkv.in_features
         w_q, w_k, w_v = self.qkv.weight.view(3, H, D, C).unbind(0)
-        b_q = b_k = b_v = None
-        if self.qkv.bias is not None:
-            b_q, b_k, b_v = self.qkv.bias.view(3, H, D).unbind(0)
-            w_k = torch.cat([w_k, b_k[..., None]], dim=-1)  # (H, D, C + 1): the bias as one more input
         gamma = self.gamma.to(w_v.dtype)[:, None, None]
+        bias = self.qkv.bias
+        if bias is None:
+            return FoldedWeights(w_q.reshape(H * D, C), None, w_k / D, (w_v * gamma).transpose(1, 2), None)
+        b_q, b_k, b_v = bias.view(3, H, D).unbind(0)
         return FoldedWeights(
             w_q=w_q.reshape(H * D, C),
-            b_q=None if b_q is None else b_q.reshape(H * D),
-            w_key=w_k / D,
+            b_q=b_q.reshape(H * D),
+            w_key=torch.cat([w_k, b_k[..., None]], dim=-1) / D,  # (H, D, C + 1): the bias as one more input
             w_value=(w_v * gamma).transpose(1, 2),  # (H, C, D)
-            b_value=None if b_v is None else b_v * gamma[..., 0],  # (H, D)
+            b_value=b_v * gamma[..., 0],  # (H, D)
         )
 
-    def _query_key(self, chunks, weights: FoldedWeights) -> torch.Tensor:
+    def _query_key(self, chunks: list[torch.Tensor], weights: FoldedWeights) -> torch.Tensor:
         """Soft query over all chunks, sqrt(D) q_bar of shape (B, H, D) (the key side divides by D).
 
         The soft query's two token sums are accumulated chunk by chunk, so the Q projection never
         needs all tokens at once. Returned as sqrt(D) q_bar: the key side's 1/D sits in weights.w_key.
         """
-        num = den = None
+        num: torch.Tensor | None = None
+        den: torch.Tensor | None = None
         for xc in chunks:
             B, n, _ = xc.shape
             q = F.linear(xc, weights.w_q, weights.b_q).view(B, n, self.num_heads, self.head_dim)
             part_num, part_den = soft_query_sums(q)
-            num, den = (part_num, part_den) if num is None else (num + part_num, den + part_den)
+            num = part_num if num is None else num + part_num
+            den = part_den if den is None else den + part_den
+        assert num is not None and den is not None, "no token chunks"
         return soft_query_from_sums(num, den, self.eps, scale=self.head_dim**-0.5)
 
     def _key_logits(self, xa: torch.Tensor, q_key: torch.Tensor, weights: FoldedWeights) -> torch.Tensor:
@@ -209,7 +225,7 @@ class LinearInfSAAttention(_InfSABase):
             return torch.bmm(xa, u)
         return torch.baddbmm(u[:, C:], xa, u[:, :C])
 
-    def pooled_output(self, chunks) -> torch.Tensor:
+    def pooled_output(self, chunks: list[torch.Tensor]) -> torch.Tensor:
         """The mixer output shared by every token, (B, 1, C), from a re-iterable of input chunks.
 
         Two streaming passes (soft query, then importance-weighted sums), with K and V folded:
@@ -217,43 +233,42 @@ class LinearInfSAAttention(_InfSABase):
         Only O(B H C) state is kept between chunks, so memory is bounded by the chunk size.
         """
         weights = self.folded_weights()
-        first = next(iter(chunks))
-        B, _, C = first.shape
         q_key = self._query_key(chunks, weights)  # the Q projection itself may run under autocast
+        if not torch.jit.is_scripting():
+            with no_autocast(q_key):
+                return self.proj(self.norm(self._pooled_value(chunks, q_key, weights)))
+        return self.proj(self.norm(self._pooled_value(chunks, q_key, weights)))
+
+    def _pooled_value(self, chunks: list[torch.Tensor], q_key: torch.Tensor, weights: FoldedWeights) -> torch.Tensor:
+        """pooled_output's second pass, before the output projection: z of shape (B, 1, C) in the chunks' dtype."""
         dropout = self.training and self.attn_drop.p > 0
-        with no_autocast(first):
-            total = mass = pooled_x = None
-            for xc in chunks:
-                xa = xc.to(q_key.dtype)
-                a = torch.relu(self._key_logits(xa, q_key, weights))  # (B, n, H)
-                kept = self.attn_drop(a) if dropout else a
-                parts = (a.sum(1), kept.sum(1) if dropout else None, torch.bmm(kept.transpose(1, 2), xa))
-                if total is None:
-                    total, mass, pooled_x = parts
-                else:
-                    total, pooled_x = total + parts[0], pooled_x + parts[2]
-                    mass = mass + parts[1] if dropout else None
-            mass = mass if dropout else total
-            z = torch.bmm(pooled_x.transpose(0, 1), weights.w_value.to(pooled_x.dtype)).transpose(0, 1)  # (B, H, D)
-            if weights.b_value is not None:
-                z = torch.addcmul(z, mass[..., None], weights.b_value.to(z.dtype))
-            z = (z / (total + self.eps)[..., None]).to(first.dtype).reshape(B, 1, C)
-        return self.proj(self.norm(z))
+        total: torch.Tensor | None = None  # sum_j a_j, (B, H)
+        kept_mass: torch.Tensor | None = None  # sum_j of the kept (dropped-out) a_j, with attention dropout
+        pooled_x: torch.Tensor | None = None  # sum_j a_j x_j, (B, H, C)
+        dtype = q_key.dtype
+        for xc in chunks:
+            dtype = xc.dtype
+            xa = xc.to(q_key.dtype)
+            a = torch.relu(self._key_logits(xa, q_key, weights))  # (B, n, H)
+            kept = self.attn_drop(a) if dropout else a
+            part_x = torch.bmm(kept.transpose(1, 2), xa)
+            pooled_x = part_x if pooled_x is None else pooled_x + part_x
+            total = a.sum(1) if total is None else total + a.sum(1)
+            if dropout:
+                kept_mass = kept.sum(1) if kept_mass is None else kept_mass + kept.sum(1)
+        assert total is not None and pooled_x is not None, "no token chunks"
+        mass = total if kept_mass is None else kept_mass
+        z = torch.bmm(pooled_x.transpose(0, 1), weights.w_value.to(pooled_x.dtype)).transpose(0, 1)  # (B, H, D)
+        b_value = weights.b_value
+        if b_value is not None:
+            z = torch.addcmul(z, mass[..., None], b_value.to(z.dtype))
+        B, H, D = z.shape
+        return (z / (total + self.eps)[..., None]).to(dtype).reshape(B, 1, H * D)
 
     def _forward_folded(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
         y = self.pooled_output([x]).expand(B, N, C)  # identical rows: projected once per sample
         return self.proj_drop(y) if self.training and self.proj_drop.p > 0 else y
-
-
-class FoldedWeights(NamedTuple):
-    """Per-head weights of the folded Linear-InfSA path (see LinearInfSAAttention.folded_weights)."""
-
-    w_q: torch.Tensor  # (C, C)
-    b_q: torch.Tensor | None  # (C,)
-    w_key: torch.Tensor  # (H, D, C) or (H, D, C + 1) with b_k appended, divided by D
-    w_value: torch.Tensor  # (H, C, D): gamma * W_v, transposed per head
-    b_value: torch.Tensor | None  # (H, D): gamma * b_v
 
 
 class KatzInfSAAttention(_InfSABase):
@@ -270,7 +285,7 @@ class KatzInfSAAttention(_InfSABase):
         self.feature_map = feature_map
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if is_fx_tracing():
+        if is_fx_tracing() and not torch.jit.is_scripting():
             return call_eagerly(self, x, attn_mask, is_causal)
         if attn_mask is not None or is_causal:
             raise ValueError("Katz-InfSA works on low-rank factors; attention masks are not supported")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layers.derived import stateless_call
+from ..layers.graph_capture import stateless_call
 
 # Inputs of at least AUTO_CHUNK_MIN_TOKENS tokens (a 4096 x 4096 image at patch 16) run in chunks of
 # AUTO_TOKEN_CHUNK tokens unless the model's token_chunk says otherwise: at 9216 x 9216 the whole-tensor

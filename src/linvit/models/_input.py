@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from timm.layers import PatchEmbed
 
+from ..layers.graph_capture import parent_method
+
 
 def check_image_batch(
     x: torch.Tensor,
@@ -49,11 +51,14 @@ def check_image_batch(
 
 
 class CheckedPatchEmbed(PatchEmbed):
-    """timm PatchEmbed that validates its input with check_image_batch before embedding."""
+    """timm PatchEmbed that validates its input with check_image_batch before embedding (in eager mode; a
+    scripted model embeds as timm's PatchEmbed does)."""
 
-    check_finite: bool = False
+    check_finite = False  # unannotated: TorchScript cannot read postponed class annotations
+    _timm_forward = parent_method(PatchEmbed.forward, "_timm_forward")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fixed = self.img_size if (self.img_size is not None and self.strict_img_size) else None
-        check_image_batch(x, self.proj.in_channels, self.patch_size, fixed, self.dynamic_img_pad, self.check_finite)
-        return super().forward(x)
+        if not torch.jit.is_scripting():
+            fixed = self.img_size if (self.img_size is not None and self.strict_img_size) else None
+            check_image_batch(x, self.proj.in_channels, self.patch_size, fixed, self.dynamic_img_pad, self.check_finite)
+        return self._timm_forward(x)

@@ -14,7 +14,8 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
-from ..layers.derived import derived_at_inference, is_fx_tracing, stateless_call
+from ..layers.derived import derived_at_inference
+from ..layers.graph_capture import is_fx_tracing, parent_method, stateless_call
 from ._cfg import model_cfg
 from ._chunking import resolve_token_chunk
 from ._input import CheckedPatchEmbed
@@ -75,23 +76,28 @@ class InfViT(VisionTransformer):
                 module.gamma_init = gamma_init
                 module.reset_parameters()
 
+    _timm_pos_embed = parent_method(VisionTransformer._pos_embed, "_timm_pos_embed")
+    _timm_forward_features = parent_method(VisionTransformer.forward_features, "_timm_forward_features")
+
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         """timm's position embedding, with the resampled table cached per grid size at inference.
 
         timm resamples (bicubic) on every forward; at inference the table only changes with the grid,
-        so it is computed once per (grid, parameter version). Training and compiled graphs use timm's.
+        so it is computed once per (grid, parameter version). Training, compiled and scripted graphs use timm's.
         """
-        if not self.dynamic_img_size or self.pos_embed is None:
-            return super()._pos_embed(x)
-        tracing = is_fx_tracing()  # the resampling needs concrete sizes: one opaque node in FX graphs
-        if not tracing and (torch.is_grad_enabled() or stateless_call()):
-            return super()._pos_embed(x)
+        if not torch.jit.is_scripting():
+            tracing = is_fx_tracing()  # the resampling needs concrete sizes: one opaque node in FX graphs
+            inference = not (torch.is_grad_enabled() or stateless_call())
+            if self.dynamic_img_size and self.pos_embed is not None and (tracing or inference):
+                return self._pos_embed_resampled(x, cached=not tracing)
+        return self._timm_pos_embed(x)
+
+    def _pos_embed_resampled(self, x: torch.Tensor, cached: bool) -> torch.Tensor:
+        """timm's dynamic-size _pos_embed with the table from resampled_position_table (kept per grid if cached)."""
         B, H, W, C = x.shape
         prefix = 0 if self.no_embed_class else self.num_prefix_tokens
         grid = self.patch_embed.grid_size
-        if tracing:
-            pos = resampled_position_table(self.pos_embed, x, grid, prefix)
-        else:
+        if cached:
             pos = derived_at_inference(
                 self,
                 "_pos_cache",
@@ -99,6 +105,8 @@ class InfViT(VisionTransformer):
                 lambda: resampled_position_table(self.pos_embed, x, grid, prefix),
                 extra=(H, W),
             )
+        else:
+            pos = resampled_position_table(self.pos_embed, x, grid, prefix)
         x = x.view(B, H * W, C)
         prefix_tokens = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if self.no_embed_class:  # as timm: add, then prepend the prefix tokens (or prepend, then add)
@@ -116,11 +124,14 @@ class InfViT(VisionTransformer):
         h, w = self.patch_embed.dynamic_feat_size(images.shape[-2:])
         return resolve_token_chunk(self.token_chunk, h * w)
 
-    def forward_features(self, x: torch.Tensor, attn_mask=None, is_causal: bool = False) -> torch.Tensor:
-        chunk = self.token_chunk_for(x)
-        if chunk is None or attn_mask is not None or is_causal:
-            return super().forward_features(x, attn_mask=attn_mask, is_causal=is_causal)
-        return self._forward_features_chunked(x, chunk)
+    def forward_features(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            chunk = self.token_chunk_for(x)
+            if chunk is not None and attn_mask is None and not is_causal:
+                return self._forward_features_chunked(x, chunk)
+        return self._timm_forward_features(x, attn_mask, is_causal)
 
     def _embed_chunked(self, images: torch.Tensor, chunk: int) -> torch.Tensor:
         """Patch embedding + position embedding with at most ~2 token-sized tensors alive.

@@ -19,13 +19,14 @@ from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DynamicDWConv, DynamicLinear
-from ..layers.derived import call_eagerly, derived_at_inference, is_fx_tracing
+from ..layers.derived import derived_at_inference
 from ..layers.dynamic import with_identity_tap
+from ..layers.graph_capture import call_eagerly, is_fx_tracing
 from ._cfg import model_cfg
 from ._chunking import resolve_token_chunk
 from ._input import CheckedPatchEmbed
 
-torch.fx.wrap("call_eagerly")  # one node per block in FX graphs (see layers.derived.call_eagerly)
+torch.fx.wrap("call_eagerly")  # one node per block in FX graphs (see layers.graph_capture.call_eagerly)
 
 LayerNorm6 = partial(nn.LayerNorm, eps=1e-6)  # the release's LayerNorm
 
@@ -41,6 +42,8 @@ class WeightFormerBlock(nn.Module):
     dynamic:  x = LN1(x) (overwrites the residual stream); x = x + DynDWC(x); x = x + DropPath(MLP_dyn(LN2(x)))
     static:   x = x + DWConv3x3(x); x = x + DropPath(MLP(LN2(x)))
     """
+
+    __constants__ = ["dynamic"]  # TorchScript compiles only the dynamic or the static branches of each block
 
     def __init__(
         self,
@@ -81,14 +84,20 @@ class WeightFormerBlock(nn.Module):
             out = self.dwc(grid, residual=True)
         else:
             conv = self.dwc
-            kernel = derived_at_inference(
-                self, "_residual_kernel", (conv.weight,), lambda: with_identity_tap(conv.weight, conv.kernel_size[0])
-            )
-            out = F.conv2d(grid, kernel, conv.bias, padding=conv.padding, groups=conv.groups)
+            out = F.conv2d(grid, self._residual_kernel(), conv.bias, padding=conv.padding, groups=conv.groups)
         return out.flatten(2).transpose(1, 2)
 
+    def _residual_kernel(self) -> torch.Tensor:
+        """The static depthwise kernel plus the identity tap; kept per weight version at inference."""
+        if not torch.jit.is_scripting():
+            return derived_at_inference(self, "_residual_cache", (self.dwc.weight,), self._derive_residual_kernel)
+        return self._derive_residual_kernel()
+
+    def _derive_residual_kernel(self) -> torch.Tensor:
+        return with_identity_tap(self.dwc.weight, self.dwc.kernel_size[0])
+
     def forward(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
-        if is_fx_tracing():
+        if is_fx_tracing() and not torch.jit.is_scripting():
             return call_eagerly(self, x, grid_size)
         if self.dynamic:
             x = self.norm1(x)
@@ -231,22 +240,21 @@ class WeightFormer(nn.Module):
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def _embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        grid_size = self.patch_embed.dynamic_feat_size(x.shape[-2:])
+        grid_size = self.patch_embed.dynamic_feat_size((x.shape[-2], x.shape[-1]))
         return self.init_norm(self.patch_embed(x)), grid_size
-
-    def _run_block(self, blk: nn.Module, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return checkpoint(blk, x, grid_size, use_reentrant=False)
-        return blk(x, grid_size)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) -> normalised tokens (B, N, C)."""
         x, grid_size = self._embed(x)
-        chunk = resolve_token_chunk(self.token_chunk, x.shape[1])
-        if chunk is not None:
-            return self._forward_features_chunked(x, grid_size, chunk)
-        for blk in self.blocks:
-            x = self._run_block(blk, x, grid_size)
+        if not torch.jit.is_scripting():
+            chunk = resolve_token_chunk(self.token_chunk, x.shape[1])
+            if chunk is not None:
+                return self._forward_features_chunked(x, grid_size, chunk)
+        for blk in self.blocks:  # (TorchScript takes no module as an argument: the checkpoint choice is inline)
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, grid_size, use_reentrant=False)
+            else:
+                x = blk(x, grid_size)
         return self.norm(x)
 
     @torch.no_grad()
@@ -288,7 +296,10 @@ class WeightFormer(nn.Module):
         intermediates = []
         blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
         for i, blk in enumerate(blocks):
-            x = self._run_block(blk, x, grid_size)
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, grid_size, use_reentrant=False)
+            else:
+                x = blk(x, grid_size)
             if i in take:
                 y = self.norm(x) if norm else x
                 intermediates.append(_to_map(y, grid_size) if output_fmt == "NCHW" else y)

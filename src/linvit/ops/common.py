@@ -10,12 +10,14 @@ GammaLike = float | torch.Tensor
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise ValueError unless q, k, v are (B, H, N, D) tensors of matching shape."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape (B, H, N, D), got a {t.dim()}-D tensor of shape {tuple(t.shape)}")
-    if q.shape != k.shape or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"q, k, v shapes disagree: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    """Raise ValueError unless q, k, v are (B, H, N, D) tensors of matching shape (eager only: TorchScript
+    cannot compile these messages, and a scripted graph fails in the first op with a shape it cannot take)."""
+    if not torch.jit.is_scripting():
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != 4:
+                raise ValueError(f"{name} must have shape (B, H, N, D), got {t.dim()}-D shape {tuple(t.shape)}")
+        if q.shape != k.shape or k.shape[:3] != v.shape[:3]:
+            raise ValueError(f"q, k, v shapes disagree: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
 
 
 def gamma_as_tensor(gamma: GammaLike, num_heads: int, ref: torch.Tensor) -> torch.Tensor:
@@ -24,7 +26,7 @@ def gamma_as_tensor(gamma: GammaLike, num_heads: int, ref: torch.Tensor) -> torc
         return torch.full((1, num_heads, 1, 1), float(gamma), dtype=ref.dtype, device=ref.device)
     if gamma.dim() == 0:
         return gamma.to(ref.dtype).reshape(1, 1, 1, 1).expand(1, num_heads, 1, 1)
-    if gamma.shape != (num_heads,):
+    if gamma.shape != (num_heads,) and not torch.jit.is_scripting():
         raise ValueError(f"gamma must be a float or a tensor of shape ({num_heads},), got shape {tuple(gamma.shape)}")
     return gamma.to(ref.dtype).reshape(1, num_heads, 1, 1)
 
@@ -35,10 +37,12 @@ def accumulation_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
-    """The dtype autocast computes matmuls in on t's device, or None when autocast is off (or unknown there)."""
-    device = t.device.type
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
+    """The dtype autocast computes matmuls in on t's device, or None when autocast is off (or unknown there,
+    or in a scripted graph, which has no autocast state to read)."""
+    if not torch.jit.is_scripting():
+        device = t.device.type
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+            return torch.get_autocast_dtype(device)
     return None
 
 

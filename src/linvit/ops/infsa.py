@@ -7,7 +7,6 @@ operation for operation; gamma may be a float or a per-head tensor of shape (H,)
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -15,10 +14,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
 
-# Dense pure InfSA materialises B*H*N*N scores; above this many it switches to the two-pass form.
+# Dense pure InfSA materialises B*H*N*N scores; above this many "auto" switches to the two-pass form, which
+# holds at most half as many at once (B*H*block*N) unless block_size is given.
 DENSE_MAX_SCORES = 2**25
-# Scores held at once by the two-pass form (B*H*block*N), unless block_size is given.
-CHUNK_SCORE_BUDGET = 2**24
 
 
 def _scaled(t: torch.Tensor) -> torch.Tensor:
@@ -73,13 +71,20 @@ def masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def _check_mask(attn_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
     if attn_mask is None:
         return None
+    B, H, N, _ = q.shape
+    if not torch.jit.is_scripting():
+        _explain_bad_mask(attn_mask, (B, H, N, N))
+    return torch.broadcast_to(attn_mask, (B, H, N, N))
+
+
+def _explain_bad_mask(attn_mask: torch.Tensor, shape: tuple[int, int, int, int]) -> None:
+    """A one-line ValueError for a mask InfSA cannot use (eager only: TorchScript parses no try blocks)."""
     if attn_mask.dtype != torch.bool:
         raise ValueError("InfSA supports boolean attention masks only (True = keep); got dtype " + str(attn_mask.dtype))
-    B, H, N, _ = q.shape
     try:
-        return torch.broadcast_to(attn_mask, (B, H, N, N))
+        torch.broadcast_shapes(attn_mask.shape, shape)
     except RuntimeError as err:
-        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(B, H, N, N)}") from err
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {shape}") from err
 
 
 def pure_infsa(
@@ -88,29 +93,31 @@ def pure_infsa(
     v: torch.Tensor,
     gamma: GammaLike,
     eps: float = 1e-6,
-    *,
-    impl: Literal["auto", "dense", "chunked"] = "auto",
+    impl: str = "auto",
     block_size: int | None = None,
     attn_mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
+    max_dense_scores: int = DENSE_MAX_SCORES,
 ) -> torch.Tensor:
     """One hop of pure InfSA: gamma * ReLU(q k^T / d) / (||ReLU(q k^T / d)||_F + eps) @ v.
 
     The Frobenius norm is taken per (batch, head) over the whole N x N matrix. ``impl="chunked"``
     makes two passes over query blocks (norm first, output second) so at most B*H*block*N scores
     exist at once; with gradients enabled each block is recomputed in backward (checkpointing), so
-    training memory stays bounded too. ``"auto"`` picks the chunked form above DENSE_MAX_SCORES.
+    training memory stays bounded too. ``"auto"`` picks the chunked form above ``max_dense_scores``.
 
     Args:
         q, k, v: (B, H, N, D) tensors.
         gamma: discount in (0, 1): a float or a per-head tensor of shape (H,).
         eps: added to the Frobenius norm; all-non-positive logits give a zero output, not NaN.
         impl: "dense", "chunked" or "auto".
-        block_size: query rows per block for the chunked form (default: from CHUNK_SCORE_BUDGET).
+        block_size: query rows per block for the chunked form (default: max_dense_scores / 2 scores a block).
         attn_mask: optional boolean mask broadcastable to (B, H, N, N); False entries are removed
             from the graph, and each query is normalised over the rows of the queries it sees
             (masked_row_norms), so outputs never depend on tokens the mask hides.
         dropout_p: dropout on the normalised scores (pass 0 at inference), as the release does.
+        max_dense_scores: the most B*H*N*N scores "auto" materialises (module default DENSE_MAX_SCORES;
+            an argument, not a global read, so scripted graphs carry it).
 
     Returns:
         (B, H, N, D) tensor in v's dtype.
@@ -120,50 +127,73 @@ def pure_infsa(
     g = gamma_as_tensor(gamma, H, v)
     mask = _check_mask(attn_mask, q)
     if impl == "auto":
-        impl = "chunked" if B * H * N * N > DENSE_MAX_SCORES else "dense"
+        impl = "chunked" if B * H * N * N > max_dense_scores else "dense"
     if impl == "dense":
         return F.dropout(g * infsa_operator(q, k, eps, mask), dropout_p, training=dropout_p > 0) @ v
     if impl != "chunked":
-        raise ValueError(f"impl must be 'auto', 'dense' or 'chunked', got {impl!r}")
-    if block_size is None:
-        block_size = max(1, CHUNK_SCORE_BUDGET // max(1, B * H * N))
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    return _pure_infsa_chunked(q, k, v, g, eps, block_size, mask, dropout_p)
+        raise ValueError(f"impl must be 'auto', 'dense' or 'chunked', got '{impl}'")
+    block = block_size if block_size is not None else max(1, max_dense_scores // 2 // max(1, B * H * N))
+    if block < 1:
+        raise ValueError(f"block_size must be >= 1, got {block}")
+    return _pure_infsa_chunked(q, k, v, g, eps, block, mask, dropout_p)
 
 
-def _maybe_checkpoint(fn, *args):
-    """Recompute fn in backward when autograd is recording, so no block's scores are kept."""
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        return checkpoint(fn, *args, use_reentrant=False)
-    return fn(*args)
-
-
-def _pure_infsa_chunked(q, k, v, g, eps, block_size, mask, dropout_p):
+def _pure_infsa_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    eps: float,
+    block_size: int,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+) -> torch.Tensor:
+    """Two passes over query blocks: every row's squared norm first, then each block's output with its scale."""
     N = q.shape[2]
-    acc = accumulation_dtype(v)
-    blocks = [(s, min(s + block_size, N)) for s in range(0, N, block_size)]
-
-    def block_row_sq(q_blk, k_, m_blk):
-        return _row_sq_sums(_relu_scores(q_blk, k_, m_blk))
-
-    def block_out(q_blk, k_, v_, scale, m_blk):
-        scores = _relu_scores(q_blk, k_, m_blk) * scale.to(v_.dtype)
-        return F.dropout(scores, dropout_p, training=dropout_p > 0) @ v_
-
-    def mask_rows(s, e):
-        return None if mask is None else mask[:, :, s:e]
-
-    row_sq = torch.cat([_maybe_checkpoint(block_row_sq, q[:, :, s:e], k, mask_rows(s, e)) for s, e in blocks], -1)
-    if mask is None:  # gamma / (||A+||_F + eps), (B, H, 1, 1)
-        scales = [g.to(acc) / (row_sq.sum(-1).sqrt()[..., None, None] + eps)] * len(blocks)
-    else:  # one norm per query row, (B, H, n, 1)
-        scales = [g.to(acc) / (masked_row_norms(row_sq, mask_rows(s, e))[..., None] + eps) for s, e in blocks]
-    outs = [
-        _maybe_checkpoint(block_out, q[:, :, s:e], k, v, scale, mask_rows(s, e))
-        for (s, e), scale in zip(blocks, scales, strict=True)
-    ]
+    spans: list[tuple[int, int]] = []
+    for s in range(0, N, block_size):
+        spans.append((s, min(s + block_size, N)))
+    # with autograd recording, each block is recomputed in backward (checkpointing), so no block's scores are kept
+    recompute = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or g.requires_grad)
+    row_sq_parts: list[torch.Tensor] = []
+    for s, e in spans:
+        row_sq_parts.append(_block_row_sq(q[:, :, s:e], k, _mask_rows(mask, s, e), recompute))
+    row_sq = torch.cat(row_sq_parts, -1)
+    g = g.to(accumulation_dtype(v))
+    global_scale = g / (row_sq.sum(-1).sqrt()[..., None, None] + eps)  # gamma / (||A+||_F + eps), (B, H, 1, 1)
+    outs: list[torch.Tensor] = []
+    for s, e in spans:
+        m = _mask_rows(mask, s, e)  # under a mask: one norm per query row, (B, H, n, 1)
+        scale = global_scale if m is None else g / (masked_row_norms(row_sq, m)[..., None] + eps)
+        outs.append(_block_out(q[:, :, s:e], k, v, scale, m, dropout_p, recompute))
     return torch.cat(outs, dim=2)
+
+
+def _mask_rows(mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+    return None if mask is None else mask[:, :, start:end]
+
+
+def _block_row_sq(q_blk: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, recompute: bool) -> torch.Tensor:
+    """Squared norms of one query block's score rows; with ``recompute`` the scores are rebuilt in backward."""
+    if recompute and not torch.jit.is_scripting():
+        return checkpoint(_block_row_sq, q_blk, k, mask, False, use_reentrant=False)
+    return _row_sq_sums(_relu_scores(q_blk, k, mask))
+
+
+def _block_out(
+    q_blk: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+    recompute: bool,
+) -> torch.Tensor:
+    """One query block's output, its normalised scores applied to v; ``recompute`` as in _block_row_sq."""
+    if recompute and not torch.jit.is_scripting():
+        return checkpoint(_block_out, q_blk, k, v, scale, mask, dropout_p, False, use_reentrant=False)
+    scores = _relu_scores(q_blk, k, mask) * scale.to(v.dtype)
+    return F.dropout(scores, dropout_p, training=dropout_p > 0) @ v
 
 
 def soft_query_sums(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,12 +251,18 @@ def linear_infsa_importance(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6)
     """Linear-InfSA's token importance a_j = ReLU(q_bar . k~_j) / (sum_l ReLU(q_bar . k~_l) + eps).
 
     One step of power iteration toward the left Perron vector of A^ (how strongly each token is
-    attended). Returns (B, H, N) in the accumulation dtype.
+    attended). Returns (B, H, N) in the accumulation dtype, computed with autocast off.
     """
-    with no_autocast(q):
-        q_bar = soft_query(q, eps)
-        a = torch.relu(torch.einsum("bhd,bhnd->bhn", q_bar, _scaled(k.to(q_bar.dtype))))
-        return l1_normalize(a, eps)
+    if not torch.jit.is_scripting():  # TorchScript has no autocast context; the scripted graph runs as given
+        with no_autocast(q):
+            return _importance(q, k, eps)
+    return _importance(q, k, eps)
+
+
+def _importance(q: torch.Tensor, k: torch.Tensor, eps: float) -> torch.Tensor:
+    q_bar = soft_query(q, eps)
+    a = torch.relu(torch.einsum("bhd,bhnd->bhn", q_bar, _scaled(k.to(q_bar.dtype))))
+    return l1_normalize(a, eps)
 
 
 def linear_infsa(
@@ -241,8 +277,16 @@ def linear_infsa(
         (B, H, N, D) tensor in v's dtype; all N rows are equal (the release broadcasts the pooled value).
     """
     check_qkv(q, k, v)
-    with no_autocast(v):
-        a = F.dropout(linear_infsa_importance(q, k, eps), dropout_p, training=dropout_p > 0)
-        g = gamma_as_tensor(gamma, q.shape[1], a)[..., 0]  # (1, H, 1)
-        z = torch.einsum("bhn,bhnd->bhd", g * a, v.to(a.dtype))
+    if not torch.jit.is_scripting():
+        with no_autocast(v):
+            return _linear_infsa(q, k, v, gamma, eps, dropout_p)
+    return _linear_infsa(q, k, v, gamma, eps, dropout_p)
+
+
+def _linear_infsa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, dropout_p: float
+) -> torch.Tensor:
+    a = F.dropout(_importance(q, k, eps), dropout_p, training=dropout_p > 0)
+    g = gamma_as_tensor(gamma, q.shape[1], a)[..., 0]  # (1, H, 1)
+    z = torch.einsum("bhn,bhnd->bhd", g * a, v.to(a.dtype))
     return z.to(v.dtype).unsqueeze(2).expand(v.shape)

@@ -12,27 +12,26 @@ all in O(N d^2 + d^3) per head. rho(gamma A^) <= gamma ||A^||_F < 1, so the seri
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from .common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
 
-FeatureMap = Literal["relu", "elu+1"]
+FEATURE_MAPS = ("relu", "elu+1")
 
 
-def feature_map(t: torch.Tensor, kind: FeatureMap = "relu") -> torch.Tensor:
+def feature_map(t: torch.Tensor, kind: str = "relu") -> torch.Tensor:
     """phi(t / sqrt(d)): ReLU or ELU + 1 of the scaled queries/keys (non-negative)."""
     t = t * math.sqrt(1.0 / t.shape[-1])
     if kind == "relu":
         return torch.relu(t)
     if kind == "elu+1":
         return F.elu(t) + 1.0
-    raise ValueError(f"feature_map must be 'relu' or 'elu+1', got {kind!r}")
+    raise ValueError(f"feature_map must be 'relu' or 'elu+1', got '{kind}'")
 
 
-def katz_features(t: torch.Tensor, kind: FeatureMap = "relu") -> tuple[torch.Tensor, float]:
+def katz_features(t: torch.Tensor, kind: str = "relu") -> tuple[torch.Tensor, float]:
     """f and c^2 with phi(t) = c f, in the accumulation dtype.
 
     ReLU is positively homogeneous, so its 1/sqrt(d) stays in the scalar c^2 = 1/d and the N-sized
@@ -49,11 +48,14 @@ def _norm_ratio(gram_q: torch.Tensor, gram_k: torch.Tensor, eps: float, c2: floa
     return 1.0 / ((gram_q * gram_k).sum(dim=(-2, -1), keepdim=True).sqrt() + eps / c2)
 
 
-def _factors(q, k, eps, kind):
+def _factors(q: torch.Tensor, k: torch.Tensor, eps: float, kind: str):
     """fq, fk with phi = c f and r = c^2 / s, shape (B, H, 1, 1)."""
     (fq, c2), (fk, _) = katz_features(q, kind), katz_features(k, kind)
     return fq, fk, _norm_ratio(fq.transpose(-2, -1) @ fq, fk.transpose(-2, -1) @ fk, eps, c2)
 
+
+# fq^T fq, fk^T fk, fk^T fq, fk^T v (see katz_token_sums)
+KatzSums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 # terms of the Katz series summed in exported graphs: 2^EXPORT_SQUARINGS (see neumann_by_squaring)
 EXPORT_SQUARINGS = 20
@@ -64,7 +66,7 @@ def _eye_minus(m: torch.Tensor) -> torch.Tensor:
     return torch.eye(m.shape[-1], dtype=m.dtype, device=m.device) - m
 
 
-def katz_token_sums(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def katz_token_sums(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor) -> KatzSums:
     """The four d x d / d x D token sums Katz-InfSA needs: fq^T fq, fk^T fk, fk^T fq, fk^T v.
 
     They add over token chunks, so a streaming pass can accumulate them chunk by chunk.
@@ -73,7 +75,7 @@ def katz_token_sums(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor) -> tupl
     return fq.transpose(-2, -1) @ fq, fkt @ fk, fkt @ fq, fkt @ v.to(fq.dtype)
 
 
-def katz_mixing(sums: tuple[torch.Tensor, ...], gamma: GammaLike, eps: float, c2: float) -> torch.Tensor:
+def katz_mixing(sums: KatzSums, gamma: GammaLike, eps: float, c2: float) -> torch.Tensor:
     """X of shape (B, H, d, D) with sum_t gamma^t A^^t V = fq X, from katz_token_sums (phi = c f, c^2 = c2).
 
     X = gamma c^2 / s (I - gamma c^2 / s fk^T fq)^{-1} fk^T V: every scale acts on a d x d or d x D matrix.
@@ -82,8 +84,9 @@ def katz_mixing(sums: tuple[torch.Tensor, ...], gamma: GammaLike, eps: float, c2
     """
     gram_q, gram_k, kq, kv = sums
     gr = gamma_as_tensor(gamma, kq.shape[1], kq) * _norm_ratio(gram_q, gram_k, eps, c2)  # (B, H, 1, 1)
-    if torch.compiler.is_exporting():  # ONNX has no linear solve: the same series, summed by squaring
-        return neumann_by_squaring(kq * gr) @ (kv * gr)
+    if not torch.jit.is_scripting():
+        if torch.compiler.is_exporting():  # ONNX has no linear solve: the same series, summed by squaring
+            return neumann_by_squaring(kq * gr) @ (kv * gr)
     return torch.linalg.solve_ex(_eye_minus(kq * gr), kv * gr, check_errors=False)[0]
 
 
@@ -107,7 +110,7 @@ def katz_infsa(
     v: torch.Tensor,
     gamma: GammaLike,
     eps: float = 1e-6,
-    feature_map: FeatureMap = "relu",
+    feature_map: str = "relu",
 ) -> torch.Tensor:
     """sum_{t>=1} gamma^t A^^t v exactly, A^ = phi(Q) phi(K)^T / (||.||_F + eps); (B, H, N, D) -> same.
 
@@ -115,13 +118,18 @@ def katz_infsa(
     Degenerate inputs (phi(Q) or phi(K) all zero) give a zero output, never NaN.
     """
     check_qkv(q, k, v)
-    with no_autocast(v):
-        (fq, c2), (fk, _) = katz_features(q, feature_map), katz_features(k, feature_map)
-        out = fq @ katz_mixing(katz_token_sums(fq, fk, v), gamma, eps, c2)
-    return out.to(v.dtype)
+    if not torch.jit.is_scripting():  # TorchScript has no autocast context; the scripted graph runs as given
+        with no_autocast(v):
+            return _katz_infsa(q, k, v, gamma, eps, feature_map)
+    return _katz_infsa(q, k, v, gamma, eps, feature_map)
 
 
-def katz_operator(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, feature_map: FeatureMap = "relu"):
+def _katz_infsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, feature_map: str):
+    (fq, c2), (fk, _) = katz_features(q, feature_map), katz_features(k, feature_map)
+    return (fq @ katz_mixing(katz_token_sums(fq, fk, v), gamma, eps, c2)).to(v.dtype)
+
+
+def katz_operator(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, feature_map: str = "relu"):
     """The dense operator Katz-InfSA diffuses over, A^ = phi(Q) phi(K)^T / (||.||_F + eps), (B, H, N, N)."""
     (fq, c2), (fk, _) = katz_features(q, feature_map), katz_features(k, feature_map)
     A = fq @ fk.transpose(-2, -1)
@@ -147,7 +155,7 @@ def perron_vector_dense(A: torch.Tensor, iters: int = 500) -> torch.Tensor:
 
 
 def katz_centrality(
-    q: torch.Tensor, k: torch.Tensor, gamma: GammaLike, eps: float = 1e-6, feature_map: FeatureMap = "relu"
+    q: torch.Tensor, k: torch.Tensor, gamma: GammaLike, eps: float = 1e-6, feature_map: str = "relu"
 ) -> torch.Tensor:
     """Katz in-centrality ((I - gamma A^)^{-1} - I)^T 1 of every token, shape (B, H, N)."""
     with no_autocast(q):
@@ -159,7 +167,7 @@ def katz_centrality(
 
 
 def perron_vector(
-    q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, feature_map: FeatureMap = "relu", iters: int = 200
+    q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, feature_map: str = "relu", iters: int = 200
 ) -> torch.Tensor:
     """Left Perron vector of A^ (principal eigenvector of A^^T), L1-normalised, shape (B, H, N).
 
