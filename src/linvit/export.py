@@ -12,6 +12,7 @@ ONNX files are checked against PyTorch with onnxruntime before the command succe
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -98,21 +99,25 @@ def run_export(args) -> dict:
     example = torch.randn(2 if args.dynamic_batch else 1, 3, *img_size)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
-        export_model(model, args.format, out, example, args.dynamic_batch)
     batches = [1, 3] if args.dynamic_batch or scripted else [example.shape[0]]
-    if args.format == "onnx":
-        diff = check_onnx(model, out, example, batches)
-    else:
-        reloaded = torch.export.load(str(out)).module() if args.format == "pt2" else torch.jit.load(str(out))
-        diff = 0.0
-        for batch in batches:
-            x = torch.randn(batch, *example.shape[1:])
-            with torch.no_grad():
-                diff = max(diff, float((reloaded(x) - model(x)).abs().max()))
+    with warnings.catch_warnings():  # torch warns on every torch.jit call; one note below says it once
+        warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
+        with torch.no_grad():
+            export_model(model, args.format, out, example, args.dynamic_batch)
+        if args.format == "onnx":
+            diff = check_onnx(model, out, example, batches)
+        else:
+            reloaded = torch.export.load(str(out)).module() if args.format == "pt2" else torch.jit.load(str(out))
+            diff = 0.0
+            for batch in batches:
+                x = torch.randn(batch, *example.shape[1:])
+                with torch.no_grad():
+                    diff = max(diff, float((reloaded(x) - model(x)).abs().max()))
     summary = {"model": name, "format": args.format, "file": str(out), "img_size": list(img_size)}
     summary.update(dynamic_batch=args.dynamic_batch, max_abs_diff=diff, batches_checked=batches, choices=chosen)
     print(f"{name} -> {out} ({args.format}, {out.stat().st_size / 2**20:.1f} MiB); max abs diff {diff:.2e}")
+    if scripted:
+        print("scripted: runs at any batch and input size (PyTorch deprecates TorchScript; pt2 and onnx are kept up)")
     if chosen:
         print("pure InfSA forms fixed for export: " + ", ".join(sorted(set(c.split(": ")[1] for c in chosen))))
     if diff > ONNX_TOLERANCE:
