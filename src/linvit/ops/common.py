@@ -38,7 +38,7 @@ def accumulation_dtype(t: torch.Tensor) -> torch.dtype:
 
 def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
     """The dtype autocast computes matmuls in on t's device, or None when autocast is off (or unknown there,
-    or in a scripted graph, which has no autocast state to read)."""
+    or in a scripted graph: TorchScript cannot read the autocast state)."""
     if not torch.jit.is_scripting():
         device = t.device.type
         if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):

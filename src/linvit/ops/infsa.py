@@ -253,7 +253,7 @@ def linear_infsa_importance(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6)
     One step of power iteration toward the left Perron vector of A^ (how strongly each token is
     attended). Returns (B, H, N) in the accumulation dtype, computed with autocast off.
     """
-    if not torch.jit.is_scripting():  # TorchScript has no autocast context; the scripted graph runs as given
+    if not torch.jit.is_scripting():  # scripted graphs skip the guard (README: TorchScript)
         with no_autocast(q):
             return _importance(q, k, eps)
     return _importance(q, k, eps)

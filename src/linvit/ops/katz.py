@@ -18,8 +18,6 @@ import torch.nn.functional as F
 
 from .common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
 
-FEATURE_MAPS = ("relu", "elu+1")
-
 
 def feature_map(t: torch.Tensor, kind: str = "relu") -> torch.Tensor:
     """phi(t / sqrt(d)): ReLU or ELU + 1 of the scaled queries/keys (non-negative)."""
@@ -118,7 +116,7 @@ def katz_infsa(
     Degenerate inputs (phi(Q) or phi(K) all zero) give a zero output, never NaN.
     """
     check_qkv(q, k, v)
-    if not torch.jit.is_scripting():  # TorchScript has no autocast context; the scripted graph runs as given
+    if not torch.jit.is_scripting():  # scripted graphs skip the guard (README: TorchScript)
         with no_autocast(v):
             return _katz_infsa(q, k, v, gamma, eps, feature_map)
     return _katz_infsa(q, k, v, gamma, eps, feature_map)
