@@ -176,3 +176,15 @@ def test_torchscript_script_of_a_converted_timm_model():
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
         torch.testing.assert_close(torch.jit.script(model)(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["dense", "chunked"])
+def test_torchscript_pure_infsa_layer_keeps_masks(impl):
+    from linvit.layers import PureInfSAAttention
+
+    torch.manual_seed(0)
+    layer = PureInfSAAttention(16, 4, impl=impl, block_size=3).eval()
+    scripted = torch.jit.script(layer)
+    x, keep = torch.randn(2, 7, 16), torch.rand(2, 1, 1, 7) > 0.3
+    torch.testing.assert_close(scripted(x, is_causal=True), layer(x, is_causal=True))
+    torch.testing.assert_close(scripted(x, keep), layer(x, keep))
