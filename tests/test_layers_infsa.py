@@ -139,7 +139,7 @@ def test_folded_linear_under_bf16_autocast_with_many_tokens_stays_finite():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = m(x)
     assert torch.isfinite(out).all()
-    assert rel_err(out[:, :1].float(), expected[:, :1]) <= 3e-2
+    assert rel_err(out[:, :1].float(), expected[:, :1]) <= 1e-3  # float32 output: only the bf16 projections differ
 
 
 def test_importance_equals_op_on_projected_queries_and_keys():

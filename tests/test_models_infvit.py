@@ -188,20 +188,20 @@ def test_auto_token_chunking_switches_on_for_large_inputs(monkeypatch):
     assert model.token_chunk_for(x) is None  # autograd on: never chunked
 
 
-def test_cached_position_table_follows_the_grid_and_the_weights():
+def test_resampled_position_table_follows_the_grid_and_the_weights():
     model = timm.create_model("linear_infvit_tiny_patch16_224", num_classes=5, depth=1).eval()
     for size in ((64, 96), (128, 64), (64, 96)):
         x = torch.randn(1, 3, *size)
         with torch.no_grad():
-            cached = model(x)
-        torch.testing.assert_close(cached, model(x).detach(), rtol=1e-5, atol=1e-6)  # grad on: timm's own path
+            inference = model(x)
+        torch.testing.assert_close(inference, model(x).detach(), rtol=1e-5, atol=1e-6)  # grad on: timm's own path
     with torch.no_grad():
         model.pos_embed.add_(1.0)  # in place, as load_state_dict and optimisers do
         after = model(x)
     torch.testing.assert_close(after, model(x).detach(), rtol=1e-5, atol=1e-6)
 
 
-def test_folded_weight_cache_follows_parameter_updates():
+def test_folded_weights_follow_parameter_updates():
     model = timm.create_model("linear_infvit_tiny_patch16_224", num_classes=5, depth=1).eval()
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
@@ -212,4 +212,4 @@ def test_folded_weight_cache_follows_parameter_updates():
         model.load_state_dict(state)
         after = model(x)
     assert not torch.allclose(before, after)
-    torch.testing.assert_close(after, model(x).detach(), rtol=1e-5, atol=1e-6)  # grad on: derived afresh
+    torch.testing.assert_close(after, model(x).detach(), rtol=1e-5, atol=1e-6)  # grad on: the same derivation

@@ -188,4 +188,4 @@ def test_linear_accumulates_in_float32_over_300k_tokens(dtype):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = linear_infsa(q.to(dtype), k.to(dtype), v.to(dtype), 0.9)
     assert out.dtype == dtype and torch.isfinite(out).all()
-    assert rel_err(out[:, :, :1], expected[:, :, :1]) <= 1e-2
+    assert rel_err(out[:, :, :1], expected[:, :, :1]) <= (4e-3 if dtype == torch.bfloat16 else 5e-4)  # output rounding

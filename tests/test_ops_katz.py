@@ -91,7 +91,7 @@ def test_katz_under_autocast_solves_in_float32():
         out = katz_infsa(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.9)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert (
-        rel_err(out.float(), katz_infsa(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), 0.9)) <= 2e-2
+        rel_err(out.float(), katz_infsa(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), 0.9)) <= 4e-3
     )
 
 

@@ -258,7 +258,7 @@ def test_residual_folded_into_the_depthwise_kernel():
     conv = DynamicDWConv(8)
     x = torch.randn(2, 8, 6, 7)
     torch.testing.assert_close(conv(x, residual=True), x + conv(x), rtol=1e-5, atol=1e-6)
-    with torch.no_grad():  # the derived kernel follows in-place updates of the parameter
+    with torch.no_grad():  # the kernel with the identity tap follows in-place updates
         first = conv(x, residual=True)
         conv.w.add_(0.5)
         assert not torch.allclose(conv(x, residual=True), first)

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
 from ..ops.common import autocast_dtype, no_autocast
-from .derived import derived_at_inference
 from .graph_capture import stateless_call
 
 LINEAR_PREDICTORS = ("bilateral", "deep", "nonlinear", "linear", "gap")
@@ -279,12 +278,7 @@ class DynamicDWConv(nn.Module):
         return amplitude_direction(self._raw_delta(x), dim=[-2, -1])
 
     def _residual_kernel(self) -> torch.Tensor:
-        """K0 plus the identity tap; kept per weight version at inference."""
-        if not torch.jit.is_scripting():
-            return derived_at_inference(self, "_residual_cache", (self.w,), self._derive_residual_kernel)
-        return self._derive_residual_kernel()
-
-    def _derive_residual_kernel(self) -> torch.Tensor:
+        """K0 plus the identity tap (derived on every call: a (C, 1, k, k) add, never stale)."""
         return with_identity_tap(self.w, self.kernel_size)
 
     def forward(self, x: torch.Tensor, residual: bool = False) -> torch.Tensor:

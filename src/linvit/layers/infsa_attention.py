@@ -18,7 +18,6 @@ from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops.common import no_autocast
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
 from ..ops.katz import katz_features, katz_mixing, katz_token_sums
-from .derived import derived_at_inference
 from .graph_capture import call_eagerly, is_fx_tracing
 
 torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see graph_capture.call_eagerly)
@@ -29,9 +28,10 @@ class FoldedWeights(NamedTuple):
 
     w_q: torch.Tensor  # (C, C)
     b_q: torch.Tensor | None  # (C,)
-    w_key: torch.Tensor  # (H, D, C) or (H, D, C + 1) with b_k appended, divided by D
-    w_value: torch.Tensor  # (H, C, D): gamma * W_v, transposed per head
-    b_value: torch.Tensor | None  # (H, D): gamma * b_v
+    w_key: torch.Tensor  # (H, D, C) or (H, D, C + 1) with b_k appended
+    w_value: torch.Tensor  # (H, C, D): W_v transposed per head (a view)
+    b_value: torch.Tensor | None  # (H, D): b_v (a view)
+    gamma: torch.Tensor  # (H,): the discount, applied to the (B, H) normaliser
 
 
 class _InfSABase(nn.Module):
@@ -169,39 +169,33 @@ class LinearInfSAAttention(_InfSABase):
             return l1_normalize(torch.relu(logits).transpose(1, 2), self.eps)
 
     def folded_weights(self) -> FoldedWeights:
-        """The folded path's per-head weights; derived once per parameter version at inference.
+        """The folded path's per-head weights, derived from the parameters on every call.
 
-        Derived (not views): W_k with b_k appended and divided by D (the soft query's key-side scale),
-        and gamma folded into W_v and b_v. Training and compiled graphs derive them every call, so
-        gradients flow and the graph stays pure.
+        Views of qkv where possible; only W_k with b_k appended is a new tensor, and gamma is applied to the
+        (B, H) normaliser, the key side's 1/D to the soft query's scalar scale. Nothing is cached: a cache
+        keyed on parameter versions goes stale under ``param.data`` writes (issue 22).
         """
-        if not torch.jit.is_scripting():
-            params = (self.qkv.weight, self.qkv.bias, self.theta)
-            return derived_at_inference(self, "_folded_cache", params, self._derive_folded_weights)
-        return self._derive_folded_weights()
-
-    def _derive_folded_weights(self) -> FoldedWeights:
         H, D = self.num_heads, self.head_dim
         C = self.qkv.in_features
         w_q, w_k, w_v = self.qkv.weight.view(3, H, D, C).unbind(0)
-        gamma = self.gamma.to(w_v.dtype)[:, None, None]
         bias = self.qkv.bias
         if bias is None:
-            return FoldedWeights(w_q.reshape(H * D, C), None, w_k / D, (w_v * gamma).transpose(1, 2), None)
+            return FoldedWeights(w_q.reshape(H * D, C), None, w_k, w_v.transpose(1, 2), None, self.gamma)
         b_q, b_k, b_v = bias.view(3, H, D).unbind(0)
         return FoldedWeights(
             w_q=w_q.reshape(H * D, C),
             b_q=b_q.reshape(H * D),
-            w_key=torch.cat([w_k, b_k[..., None]], dim=-1) / D,  # (H, D, C + 1): the bias as one more input
-            w_value=(w_v * gamma).transpose(1, 2),  # (H, C, D)
-            b_value=b_v * gamma[..., 0],  # (H, D)
+            w_key=torch.cat([w_k, b_k[..., None]], dim=-1),  # (H, D, C + 1): the bias as one more input
+            w_value=w_v.transpose(1, 2),  # (H, C, D)
+            b_value=b_v,  # (H, D)
+            gamma=self.gamma,
         )
 
     def _query_key(self, chunks: list[torch.Tensor], weights: FoldedWeights) -> torch.Tensor:
-        """Soft query over all chunks, sqrt(D) q_bar of shape (B, H, D) (the key side divides by D).
+        """Soft query over all chunks, q_bar / sqrt(D) of shape (B, H, D), so that q_key . k_j = q_bar . k~_j.
 
         The soft query's two token sums are accumulated chunk by chunk, so the Q projection never
-        needs all tokens at once. Returned as sqrt(D) q_bar: the key side's 1/D sits in weights.w_key.
+        needs all tokens at once. The key side's 1/sqrt(D) is folded into the soft query's scalar scale.
         """
         num: torch.Tensor | None = None
         den: torch.Tensor | None = None
@@ -212,7 +206,7 @@ class LinearInfSAAttention(_InfSABase):
             num = part_num if num is None else num + part_num
             den = part_den if den is None else den + part_den
         assert num is not None and den is not None, "no token chunks"
-        return soft_query_from_sums(num, den, self.eps, scale=self.head_dim**-0.5)
+        return soft_query_from_sums(num, den, self.eps, scale=self.head_dim**0.5)
 
     def _key_logits(self, xa: torch.Tensor, q_key: torch.Tensor, weights: FoldedWeights) -> torch.Tensor:
         """q_bar . k~_j for every token of xa, shape (B, n, H), without projecting K: x_j . u + c.
@@ -229,7 +223,7 @@ class LinearInfSAAttention(_InfSABase):
         """The mixer output shared by every token, (B, 1, C), from a re-iterable of input chunks.
 
         Two streaming passes (soft query, then importance-weighted sums), with K and V folded:
-        z = gamma * (W_v sum_j a_j x_j + b_v sum_j a_j) / (sum_j a_j + eps), a_j = ReLU(logit_j).
+        z = (W_v sum_j a_j x_j + b_v sum_j a_j) / ((sum_j a_j + eps) / gamma), a_j = ReLU(logit_j).
         Only O(B H C) state is kept between chunks, so memory is bounded by the chunk size.
         """
         weights = self.folded_weights()
@@ -263,7 +257,8 @@ class LinearInfSAAttention(_InfSABase):
         if b_value is not None:
             z = torch.addcmul(z, mass[..., None], b_value.to(z.dtype))
         B, H, D = z.shape
-        return (z / (total + self.eps)[..., None]).to(dtype).reshape(B, 1, H * D)
+        normaliser = (total + self.eps) / weights.gamma.to(total.dtype)  # gamma on (B, H), not on W_v and b_v
+        return (z / normaliser[..., None]).to(dtype).reshape(B, 1, H * D)
 
     def _forward_folded(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape

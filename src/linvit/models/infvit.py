@@ -14,7 +14,6 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
-from ..layers.derived import derived_at_inference
 from ..layers.graph_capture import is_fx_tracing, parent_method, stateless_call
 from ._cfg import model_cfg
 from ._chunking import resolve_token_chunk
@@ -80,33 +79,18 @@ class InfViT(VisionTransformer):
     _timm_forward_features = parent_method(VisionTransformer.forward_features, "_timm_forward_features")
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        """timm's position embedding, with the resampled table cached per grid size at inference.
-
-        timm resamples (bicubic) on every forward; at inference the table only changes with the grid,
-        so it is computed once per (grid, parameter version). Training, compiled and scripted graphs use timm's.
-        """
+        """timm's position embedding; under FX tracing the resampling is one opaque node (it needs concrete sizes)."""
         if not torch.jit.is_scripting():
-            tracing = is_fx_tracing()  # the resampling needs concrete sizes: one opaque node in FX graphs
-            inference = not (torch.is_grad_enabled() or stateless_call())
-            if self.dynamic_img_size and self.pos_embed is not None and (tracing or inference):
-                return self._pos_embed_resampled(x, cached=not tracing)
+            if is_fx_tracing() and self.dynamic_img_size and self.pos_embed is not None:
+                return self._pos_embed_traced(x)
         return self._timm_pos_embed(x)
 
-    def _pos_embed_resampled(self, x: torch.Tensor, cached: bool) -> torch.Tensor:
-        """timm's dynamic-size _pos_embed with the table from resampled_position_table (kept per grid if cached)."""
+    def _pos_embed_traced(self, x: torch.Tensor) -> torch.Tensor:
+        """timm's dynamic-size _pos_embed with the table from resampled_position_table (an FX leaf)."""
         B, H, W, C = x.shape
         prefix = 0 if self.no_embed_class else self.num_prefix_tokens
-        grid = self.patch_embed.grid_size
-        if cached:
-            pos = derived_at_inference(
-                self,
-                "_pos_cache",
-                (self.pos_embed,),
-                lambda: resampled_position_table(self.pos_embed, x, grid, prefix),
-                extra=(H, W),
-            )
-        else:
-            pos = resampled_position_table(self.pos_embed, x, grid, prefix)
+        gh, gw = self.patch_embed.grid_size
+        pos = resampled_position_table(self.pos_embed, x, [gh, gw], prefix)
         x = x.view(B, H * W, C)
         prefix_tokens = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if self.no_embed_class:  # as timm: add, then prepend the prefix tokens (or prepend, then add)
@@ -201,9 +185,12 @@ class InfViT(VisionTransformer):
         return super().no_weight_decay() | names
 
 
-def resampled_position_table(pos_embed: torch.Tensor, x: torch.Tensor, grid: tuple, prefix: int) -> torch.Tensor:
-    """The position table resampled (timm's bicubic) from the trained grid to x's (B, H, W, C) token grid."""
-    return resample_abs_pos_embed(pos_embed, tuple(x.shape[1:3]), grid, num_prefix_tokens=prefix)
+def resampled_position_table(pos_embed: torch.Tensor, x: torch.Tensor, grid: list[int], prefix: int) -> torch.Tensor:
+    """The position table resampled (timm's bicubic) from the trained grid to x's (B, H, W, C) token grid.
+
+    An FX leaf in traced graphs; written so that TorchScript compiles it too (FX graph, then torch.jit.script).
+    """
+    return resample_abs_pos_embed(pos_embed, [x.shape[1], x.shape[2]], grid, num_prefix_tokens=prefix)
 
 
 torch.fx.wrap("resampled_position_table")

@@ -19,7 +19,6 @@ from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DynamicDWConv, DynamicLinear
-from ..layers.derived import derived_at_inference
 from ..layers.dynamic import with_identity_tap
 from ..layers.graph_capture import call_eagerly, is_fx_tracing
 from ._cfg import model_cfg
@@ -88,12 +87,7 @@ class WeightFormerBlock(nn.Module):
         return out.flatten(2).transpose(1, 2)
 
     def _residual_kernel(self) -> torch.Tensor:
-        """The static depthwise kernel plus the identity tap; kept per weight version at inference."""
-        if not torch.jit.is_scripting():
-            return derived_at_inference(self, "_residual_cache", (self.dwc.weight,), self._derive_residual_kernel)
-        return self._derive_residual_kernel()
-
-    def _derive_residual_kernel(self) -> torch.Tensor:
+        """The static depthwise kernel plus the identity tap (derived on every call, never stale)."""
         return with_identity_tap(self.dwc.weight, self.dwc.kernel_size[0])
 
     def forward(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
