@@ -98,13 +98,15 @@ def test_inductor_matches_eager_without_recompiling(name):
 
 # Non-view ATen operators per inference forward (torch.no_grad, fp32, CPU, batch 1), counted by
 # linvit.bench.opcount; the table in docs/benchmarks.md shows where each mixer spends its launches.
-# "before" is the count of the commit before the lean path; budgets may only go down.
+# "before" is the count of the commit before the lean path; budgets may only go down, except that since issue 22
+# nothing derived from parameters is cached (a stale cache is worse than a launch): +2 per resampled position
+# table, +3 per Linear-InfSA layer, +1 per WeightFormer block.
 OP_BUDGETS = {  # name: (side, before, budget)
-    "vit_4l_patch16_224": (1024, 47, 45),
+    "vit_4l_patch16_224": (1024, 47, 47),
     "infvit_4l_patch16_224": (224, 97, 85),
-    "linear_infvit_4l_patch16_224": (1024, 143, 97),
-    "katz_infvit_4l_patch16_224": (1024, 139, 125),
-    "weightformer_tiny_patch16_224": (1248, 268, 209),
+    "linear_infvit_4l_patch16_224": (1024, 143, 115),
+    "katz_infvit_4l_patch16_224": (1024, 139, 127),
+    "weightformer_tiny_patch16_224": (1248, 268, 226),
 }
 
 
@@ -114,7 +116,7 @@ def test_op_count_budget(name):
     model = timm.create_model(name).eval()
     x = torch.randn(1, 3, side, side)
     with torch.no_grad():
-        model(x)  # the first call may fill caches (resampled position table, folded weights)
+        model(x)  # warm-up
         ops = count_ops(lambda: model(x))
     assert budget <= before
     assert ops.total <= budget, ops.ops.most_common(10)

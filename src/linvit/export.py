@@ -6,7 +6,7 @@ image of the export size (dense up to ops.infsa.DENSE_MAX_SCORES scores, else th
 sums its series by repeated squaring (ONNX has no linear solve; ops.katz.neumann_by_squaring) and
 WeightFormer's per-sample depthwise convolution runs as shifted multiply-adds (a dynamic batch cannot set conv
 groups). TorchScript files are scripted (torch.jit.script), so they keep the control flow: any batch, any
-input size, pure InfSA's "auto" choice made per input; token chunking and the eager caches stay eager-only.
+input size, pure InfSA's "auto" choice made per input; token chunking stays eager-only.
 ONNX files are checked against PyTorch with onnxruntime before the command succeeds.
 """
 

@@ -144,7 +144,7 @@ def run_models(args) -> None:
             if args.macs:
                 row[f"gmacs@{args.img_size}"] = round(count_flops(partial(model, x)) / 2e9, 3)
             if args.ops:
-                model(x)  # fills the inference caches (position table, derived weights)
+                model(x)  # warm-up
                 row[f"ops@{args.img_size}"] = count_ops(partial(model, x)).total
         rows.append(row)
     if args.json:

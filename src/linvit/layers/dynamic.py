@@ -18,11 +18,13 @@ LINEAR_PREDICTORS = ("bilateral", "deep", "nonlinear", "linear", "gap")
 CONV_PREDICTORS = ("adaptive", "gap")
 
 
-def with_identity_tap(kernel: torch.Tensor, kernel_size: int) -> torch.Tensor:
-    """A depthwise kernel (C, 1, k, k) plus the identity: conv(x, K + I) = x + conv(x, K) under zero padding,
-    since the centre tap always reads x itself. Folds a residual connection into the convolution."""
-    c = kernel_size // 2
-    return kernel + F.pad(torch.ones_like(kernel[..., :1, :1]), (c, c, c, c))  # one-hot centre (traceable)
+def identity_tap(kernel_size: int) -> torch.Tensor:
+    """The one-hot centre tap (1, 1, k, k): conv(x, K + I) = x + conv(x, K) under zero padding, since the centre
+    tap always reads x itself. Modules keep it as a non-persistent buffer (a constant, so it can never be stale)
+    and fold a residual connection into a depthwise convolution with one add."""
+    tap = torch.zeros(1, 1, kernel_size, kernel_size)
+    tap[..., kernel_size // 2, kernel_size // 2] = 1.0
+    return tap
 
 
 def amplitude_denominator(raw: torch.Tensor, dim: list[int], scale: float = 1.0) -> torch.Tensor:
@@ -258,6 +260,7 @@ class DynamicDWConv(nn.Module):
         taps = 1 if predictor == "adaptive" else kernel_size * kernel_size
         self.w = nn.Parameter(torch.empty(dim, 1, kernel_size, kernel_size))
         self.b = nn.Parameter(torch.empty(dim))
+        self.register_buffer("identity_tap", identity_tap(kernel_size), persistent=False)
         self.wfm = nn.Sequential(
             nn.Conv2d(dim, dim, kernel_size=1),
             nn.GELU(),
@@ -277,10 +280,6 @@ class DynamicDWConv(nn.Module):
         """Per-sample dK of shape (B, C, k, k)."""
         return amplitude_direction(self._raw_delta(x), dim=[-2, -1])
 
-    def _residual_kernel(self) -> torch.Tensor:
-        """K0 plus the identity tap (derived on every call: a (C, 1, k, k) add, never stale)."""
-        return with_identity_tap(self.w, self.kernel_size)
-
     def forward(self, x: torch.Tensor, residual: bool = False) -> torch.Tensor:
         """x: (B, C, H, W) -> (B, C, H, W), 'same' padding; with ``residual``, x + that, in the same conv.
 
@@ -292,7 +291,7 @@ class DynamicDWConv(nn.Module):
                 raise ValueError(f"expected (B, {self.dim}, H, W), got {tuple(x.shape)}")
         B, C, H, W = x.shape
         k = self.kernel_size
-        base = self._residual_kernel() if residual else self.w
+        base = self.w + self.identity_tap if residual else self.w  # derived every call: never stale
         raw = self._raw_delta(x)
         kernel = torch.addcdiv(base.view(1, C, k, k), raw, amplitude_denominator(raw, [-2, -1]))  # K0 + dK
         if not torch.jit.is_scripting():
@@ -308,7 +307,7 @@ __all__ = [
     "DynamicLinear",
     "DynamicDWConv",
     "amplitude_direction",
-    "with_identity_tap",
+    "identity_tap",
     "LINEAR_PREDICTORS",
     "CONV_PREDICTORS",
 ]

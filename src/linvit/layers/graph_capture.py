@@ -1,8 +1,8 @@
 """How linvit's modules behave when a tool captures them as a graph instead of running them eagerly.
 
 torch.compile / torch.export, torch.fx.symbolic_trace (torchvision's create_feature_extractor) and TorchScript
-(torch.jit.trace and torch.jit.script) each see the same modules; eager-only conveniences (derived-weight caches,
-token chunking, input checks, autocast guards) step aside for them.
+(torch.jit.trace and torch.jit.script) each see the same modules; eager-only conveniences (token chunking, input
+checks, autocast guards) step aside for them.
 
 Scripting. torch.jit.script compiles forward and everything it calls, except the body of an
 ``if not torch.jit.is_scripting():`` block (or of ``if cond and not torch.jit.is_scripting():``), which it parses
@@ -21,8 +21,8 @@ import torch
 
 
 def stateless_call() -> bool:
-    """True inside torch.compile, torch.export, TorchScript (scripted or traced) or an FX symbolic trace: caches,
-    input checks and size-dependent eager paths stay out of graphs."""
+    """True inside torch.compile, torch.export, TorchScript (scripted or traced) or an FX symbolic trace: input
+    checks and size-dependent eager paths stay out of graphs."""
     if not torch.jit.is_scripting():
         return torch.compiler.is_compiling() or torch.jit.is_tracing() or is_fx_tracing()
     return True

@@ -19,7 +19,7 @@ from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DynamicDWConv, DynamicLinear
-from ..layers.dynamic import with_identity_tap
+from ..layers.dynamic import identity_tap
 from ..layers.graph_capture import call_eagerly, is_fx_tracing
 from ._cfg import model_cfg
 from ._chunking import resolve_token_chunk
@@ -66,6 +66,7 @@ class WeightFormerBlock(nn.Module):
         else:
             self.linear1 = nn.Linear(dim, hidden)
             self.dwc = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
+            self.register_buffer("identity_tap", identity_tap(3), persistent=False)
         self.norm2 = norm_layer(dim)
         self.act = act_layer()
         self.drop = nn.Dropout(drop)
@@ -83,12 +84,9 @@ class WeightFormerBlock(nn.Module):
             out = self.dwc(grid, residual=True)
         else:
             conv = self.dwc
-            out = F.conv2d(grid, self._residual_kernel(), conv.bias, padding=conv.padding, groups=conv.groups)
+            kernel = conv.weight + self.identity_tap  # derived every call: never stale
+            out = F.conv2d(grid, kernel, conv.bias, padding=conv.padding, groups=conv.groups)
         return out.flatten(2).transpose(1, 2)
-
-    def _residual_kernel(self) -> torch.Tensor:
-        """The static depthwise kernel plus the identity tap (derived on every call, never stale)."""
-        return with_identity_tap(self.dwc.weight, self.dwc.kernel_size[0])
 
     def forward(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
         if is_fx_tracing() and not torch.jit.is_scripting():

@@ -14,8 +14,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
 
-# Dense pure InfSA materialises B*H*N*N scores; above this many "auto" switches to the two-pass form, which
-# holds at most half as many at once (B*H*block*N) unless block_size is given.
+# Dense pure InfSA materialises H*N*N scores per sample; above this many "auto" switches to the two-pass form,
+# which holds at most half as many per sample at once (H*block*N) unless block_size is given. The choice is per
+# sample, so an image gets the same form (and FLOPs) at any batch size.
 DENSE_MAX_SCORES = 2**25
 
 
@@ -26,7 +27,7 @@ def _scaled(t: torch.Tensor) -> torch.Tensor:
 
 def _relu_scores(q_blk: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """ReLU(q k^T / d) for a block of queries, with masked-out pairs set to zero."""
-    scores = torch.relu(_scaled(q_blk) @ _scaled(k).transpose(-2, -1))
+    scores = torch.relu_(_scaled(q_blk) @ _scaled(k).transpose(-2, -1))  # in place: one N x N tensor
     if mask is not None:
         scores = scores.masked_fill(~mask, 0.0)
     return scores
@@ -104,14 +105,16 @@ def pure_infsa(
     The Frobenius norm is taken per (batch, head) over the whole N x N matrix. ``impl="chunked"``
     makes two passes over query blocks (norm first, output second) so at most B*H*block*N scores
     exist at once; with gradients enabled each block is recomputed in backward (checkpointing), so
-    training memory stays bounded too. ``"auto"`` picks the chunked form above ``max_dense_scores``.
+    training memory stays bounded too. ``"auto"`` picks the chunked form when one sample's H*N*N scores
+    exceed ``max_dense_scores`` (per sample, so the batch size never changes the form).
 
     Args:
         q, k, v: (B, H, N, D) tensors.
         gamma: discount in (0, 1): a float or a per-head tensor of shape (H,).
         eps: added to the Frobenius norm; all-non-positive logits give a zero output, not NaN.
         impl: "dense", "chunked" or "auto".
-        block_size: query rows per block for the chunked form (default: max_dense_scores / 2 scores a block).
+        block_size: query rows per block for the chunked form (default: max_dense_scores / 2 scores a block
+            per sample).
         attn_mask: optional boolean mask broadcastable to (B, H, N, N); False entries are removed
             from the graph, and each query is normalised over the rows of the queries it sees
             (masked_row_norms), so outputs never depend on tokens the mask hides.
@@ -123,19 +126,39 @@ def pure_infsa(
         (B, H, N, D) tensor in v's dtype.
     """
     check_qkv(q, k, v)
-    B, H, N, _ = q.shape
+    _, H, N, _ = q.shape
     g = gamma_as_tensor(gamma, H, v)
     mask = _check_mask(attn_mask, q)
     if impl == "auto":
-        impl = "chunked" if B * H * N * N > max_dense_scores else "dense"
+        impl = "chunked" if H * N * N > max_dense_scores else "dense"
     if impl == "dense":
-        return F.dropout(g * infsa_operator(q, k, eps, mask), dropout_p, training=dropout_p > 0) @ v
+        return _pure_infsa_dense(q, k, v, g, eps, mask, dropout_p)
     if impl != "chunked":
         raise ValueError(f"impl must be 'auto', 'dense' or 'chunked', got '{impl}'")
-    block = block_size if block_size is not None else max(1, max_dense_scores // 2 // max(1, B * H * N))
+    block = block_size if block_size is not None else max(1, max_dense_scores // 2 // max(1, H * N))
     if block < 1:
         raise ValueError(f"block_size must be >= 1, got {block}")
     return _pure_infsa_chunked(q, k, v, g, eps, block, mask, dropout_p)
+
+
+def _pure_infsa_dense(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    eps: float,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+) -> torch.Tensor:
+    """(ReLU(q k^T / d) @ v) * gamma / norm: the scale acts on the (N, D) product, so the only N x N tensor
+    is the scores themselves (the normalised operator is infsa_operator, for the tools that read it)."""
+    scores = _relu_scores(q, k, mask)
+    if mask is None:
+        norm = torch.linalg.vector_norm(scores, dim=(-2, -1), keepdim=True, dtype=accumulation_dtype(scores))
+    else:
+        norm = masked_row_norms(_row_sq_sums(scores), mask)[..., None]  # one norm per query row
+    scale = (g.to(norm.dtype) / (norm + eps)).to(v.dtype)
+    return (F.dropout(scores, dropout_p, training=dropout_p > 0) @ v) * scale
 
 
 def _pure_infsa_chunked(
