@@ -270,3 +270,70 @@ def test_explained_linear_importance_pools_the_layer_output():
         rebuilt = mixer.merge_heads(pooled[:, :, None].expand_as(v).contiguous())
         torch.testing.assert_close(rebuilt, mixer(x), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(layer_scores(mixer, x, "linear"), a.double().mean(1))
+
+
+def _tiny(name: str, **kwargs) -> nn.Module:
+    args = dict(img_size=32, patch_size=4, depth=1, embed_dim=16, num_heads=2, num_classes=3)
+    return timm.create_model(name, **dict(args, **kwargs)).eval()
+
+
+@pytest.mark.parametrize(
+    "name, methods",
+    [
+        ("linear_infvit_tiny_patch16_224", ("linear", "grad")),
+        ("katz_infvit_tiny_patch16_224", ("katz", "perron", "column")),
+    ],
+)
+def test_maps_above_the_token_chunking_threshold(name, methods):
+    """1024 px at patch 4 is 65,536 tokens, where inference runs token-chunked (the hooks saw nothing before)."""
+    from linvit.models._chunking import AUTO_CHUNK_MIN_TOKENS
+
+    model = _tiny(name)
+    images = torch.randn(1, 3, 1024, 1024)
+    assert model.token_chunk_for(images) is None  # autograd on here
+    with torch.no_grad():
+        assert model.token_chunk_for(images) is not None and 256 * 256 >= AUTO_CHUNK_MIN_TOKENS
+    for method in methods:
+        maps = importance_maps(model, images, method=method)
+        assert maps.patch.shape == (1, 256, 256) and torch.isfinite(maps.patch).all()
+        assert maps.patch.sum() > 0
+    assert model.token_chunk == "auto"  # restored
+
+
+def test_maps_under_chunking_equal_unchunked(monkeypatch):
+    """The capture takes the whole-tensor path, so chunking never changes a map (column: query blocks)."""
+    from linvit.models import _chunking
+
+    model = _tiny("linear_infvit_tiny_patch16_224")
+    images = torch.randn(2, 3, 48, 40)
+    expected = {m: importance_maps(model, images, method=m).patch for m in ("linear", "column", "katz")}
+    monkeypatch.setattr(_chunking, "AUTO_CHUNK_MIN_TOKENS", 16)
+    monkeypatch.setattr(_chunking, "AUTO_TOKEN_CHUNK", 7)
+    with torch.no_grad():
+        assert model.token_chunk_for(images) == 7
+    for method, patch in expected.items():
+        torch.testing.assert_close(importance_maps(model, images, method=method).patch, patch)
+
+
+def test_column_sums_equal_the_dense_operators():
+    from linvit.ops import infsa_operator, katz_operator
+    from linvit.ops.infsa import infsa_column_sums
+    from linvit.ops.katz import katz_column_sums
+
+    q, k = torch.randn(2, 3, 37, 8, dtype=torch.float64), torch.randn(2, 3, 37, 8, dtype=torch.float64)
+    dense = infsa_operator(q, k).sum(-2)
+    for block in (1, 5, 37, 100):
+        torch.testing.assert_close(infsa_column_sums(q, k, block_size=block), dense, rtol=1e-12, atol=1e-14)
+    for kind in ("relu", "elu+1"):
+        expected = katz_operator(q, k, feature_map=kind).sum(-2)
+        torch.testing.assert_close(katz_column_sums(q, k, feature_map=kind), expected, rtol=1e-12, atol=1e-14)
+
+
+def test_dense_maps_refuse_sizes_they_cannot_hold():
+    from linvit.explain import default_method
+
+    model = _tiny("infvit_tiny_patch16_224")
+    images = torch.randn(1, 3, 1024, 1024)
+    assert default_method(model) == "katz" and default_method(model, 256 * 256) == "column"
+    with pytest.raises(ValueError, match="dense 65537 x 65537 float64 .* use method='column'"):
+        importance_maps(model, images, method="katz")

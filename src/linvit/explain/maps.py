@@ -2,7 +2,8 @@
 
 Methods (``method=``):
     linear    Linear-InfSA's importance vector a (heads averaged).
-    column    one-hop column centrality of A^ (sum_i A^_ij: how much token j is attended).
+    column    one-hop column centrality of A^ (sum_i A^_ij: how much token j is attended); at any size
+              (query blocks for ReLU(q k^T) layers, the low-rank factors for Katz-InfSA layers).
     katz      Katz centrality ((I - gamma A^)^{-1} - I)^T 1 of A^ (the infinite-hop attention received).
     perron    the left Perron vector of A^ (power iteration, float64).
     cls       softmax ViT/DeiT: class-token attention row (heads averaged).
@@ -11,10 +12,16 @@ Methods (``method=``):
 For InfSA layers A^ is the layer's own operator: ReLU(q k^T / d) Frobenius-normalised (pure and
 Linear-InfSA layers), or phi(q) phi(k)^T normalised (Katz-InfSA layers). Maps never change outputs:
 hooks read each mixer's input, and the maps are recomputed from it in float64 without autograd.
+
+Size: "linear", "column", "grad" and Katz-InfSA layers' "katz"/"perron" work at every size the model runs at
+(the capture runs the whole-tensor forward, since token chunking streams the mixers' inputs past the hooks).
+Methods that need a dense N x N matrix ("katz"/"perron" on ReLU(q k^T) layers, "cls", "rollout") refuse, with
+a one-line error, sizes whose float64 matrices would exceed DENSE_MAP_MAX_BYTES.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -32,9 +39,13 @@ from ..ops import (
     perron_vector,
     perron_vector_dense,
 )
+from ..ops.infsa import infsa_column_sums
+from ..ops.katz import katz_column_sums
 
 INFSA = (PureInfSAAttention, LinearInfSAAttention, KatzInfSAAttention)
 METHODS = ("linear", "column", "katz", "perron", "cls", "rollout", "grad")
+# dense maps hold ~3 float64 (B, H, N, N) matrices (operator, I - gamma A, inverse); above this they refuse
+DENSE_MAP_MAX_BYTES = 2**32
 
 
 @dataclass
@@ -47,13 +58,20 @@ class ImportanceMaps:
     method: str
 
 
-def default_method(model: nn.Module) -> str:
-    """The natural map of a model: its mixer's own importance, or gradients when it has none."""
+def default_method(model: nn.Module, num_tokens: int | None = None) -> str:
+    """The natural map of a model: its mixer's own importance, or gradients when it has none.
+
+    Pure InfSA's Katz centrality needs its dense operator; with num_tokens too many for that (one image),
+    the default is its one-hop column centrality, which works at any size.
+    """
     kinds = {type(m) for m in model.modules()}
     if LinearInfSAAttention in kinds:
         return "linear"
-    if PureInfSAAttention in kinds or KatzInfSAAttention in kinds:
+    if KatzInfSAAttention in kinds:
         return "katz"
+    if PureInfSAAttention in kinds:
+        heads = max(m.num_heads for m in model.modules() if isinstance(m, PureInfSAAttention))
+        return "katz" if num_tokens is None or _dense_bytes(1, heads, num_tokens) <= DENSE_MAP_MAX_BYTES else "column"
     if Attention in kinds:
         return "rollout"
     return "grad"
@@ -69,15 +87,36 @@ def attention_mixers(model: nn.Module, method: str) -> list[nn.Module]:
     return mixers
 
 
-def capture_inputs(model: nn.Module, mixers: list[nn.Module], images: torch.Tensor) -> tuple[list, torch.Tensor]:
-    """Run the model once and return each mixer's input tokens (detached) and the logits."""
-    captured: list[torch.Tensor] = [None] * len(mixers)  # type: ignore[list-item]
-    hooks = [
-        m.register_forward_pre_hook(lambda mod, args, i=i: captured.__setitem__(i, args[0].detach()))
-        for i, m in enumerate(mixers)
-    ]
+@contextlib.contextmanager
+def whole_tensor_forward(model: nn.Module):
+    """Token chunking off for the duration: the chunked forward streams each mixer's input in chunks through
+    its streaming passes, past forward hooks, so a capture needs the whole-tensor path."""
+    chunked = [(m, m.token_chunk) for m in model.modules() if hasattr(m, "set_token_chunk")]
+    for m, _ in chunked:
+        m.set_token_chunk(None)
     try:
-        with torch.no_grad():
+        yield
+    finally:
+        for m, setting in chunked:
+            m.set_token_chunk(setting)
+
+
+def capture_inputs(
+    model: nn.Module, mixers: list[nn.Module], images: torch.Tensor, reduce=None
+) -> tuple[list, torch.Tensor]:
+    """Run the model once (whole-tensor path) and return each mixer's input tokens (detached) and the logits.
+
+    With ``reduce(mixer, x)``, what is kept per mixer is that result, computed as the layer runs, so large
+    inputs are not all held at once.
+    """
+    captured: list = [None] * len(mixers)
+
+    def keep(i: int, mixer: nn.Module, x: torch.Tensor) -> None:
+        captured[i] = x.detach() if reduce is None else reduce(mixer, x.detach())
+
+    hooks = [m.register_forward_pre_hook(lambda mod, args, i=i: keep(i, mod, args[0])) for i, m in enumerate(mixers)]
+    try:
+        with torch.no_grad(), whole_tensor_forward(model):
             logits = model(images)
     finally:
         for h in hooks:
@@ -90,6 +129,22 @@ def projected_qk(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch
     B, N, _ = x.shape
     q, k, _ = mixer.qkv(x).reshape(B, N, 3, mixer.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
     return mixer.q_norm(q).double(), mixer.k_norm(k).double()
+
+
+def _dense_bytes(batch: int, heads: int, tokens: int) -> int:
+    return 3 * batch * heads * tokens * tokens * 8
+
+
+def check_dense_fits(mixer: nn.Module, x: torch.Tensor, method: str) -> None:
+    """A one-line ValueError when a dense map of x's tokens would exceed DENSE_MAP_MAX_BYTES."""
+    B, N = x.shape[:2]
+    need = _dense_bytes(B, mixer.num_heads, N)
+    if need > DENSE_MAP_MAX_BYTES:
+        raise ValueError(
+            f"method {method!r} on {type(mixer).__name__} forms dense {N} x {N} float64 matrices "
+            f"({need / 2**30:.0f} GiB for {B} image(s)); use method='column', 'linear' or 'grad' at this size, "
+            "or a smaller image"
+        )
 
 
 def mixer_operator(mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -106,17 +161,21 @@ def layer_scores(mixer: nn.Module, x: torch.Tensor, method: str) -> torch.Tensor
     with torch.no_grad():
         if method == "linear":
             return mixer.importance(x).double().mean(1)
+        if isinstance(mixer, KatzInfSAAttention) and method in ("katz", "perron", "column"):
+            q, k = projected_qk(mixer, x)  # low-rank factors: O(N d^2) at any size
+            if method == "katz":
+                return katz_centrality(q, k, mixer.gamma.double(), mixer.eps, mixer.feature_map).mean(1)
+            if method == "column":
+                return katz_column_sums(q, k, mixer.eps, mixer.feature_map).mean(1)
+            return perron_vector(q, k, mixer.eps, mixer.feature_map).mean(1)
+        if method == "column":
+            q, k = projected_qk(mixer, x)
+            return infsa_column_sums(q, k, mixer.eps).mean(1)  # query blocks: any size
+        check_dense_fits(mixer, x, method)
         if method in ("cls", "rollout"):
             q, k = projected_qk(mixer, x)
             return ((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5).softmax(-1)  # (B, H, N, N) for rollout
-        if isinstance(mixer, KatzInfSAAttention) and method in ("katz", "perron"):
-            q, k = projected_qk(mixer, x)
-            if method == "katz":
-                return katz_centrality(q, k, mixer.gamma.double(), mixer.eps, mixer.feature_map).mean(1)
-            return perron_vector(q, k, mixer.eps, mixer.feature_map).mean(1)
         A = mixer_operator(mixer, x)
-        if method == "column":
-            return A.sum(-2).mean(1)
         if method == "katz":
             return katz_kernel(A, mixer.gamma.double()).sum(-2).mean(1)
         if method == "perron":
@@ -126,6 +185,10 @@ def layer_scores(mixer: nn.Module, x: torch.Tensor, method: str) -> torch.Tensor
 
 def _grid(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
     return tuple(model.patch_embed.dynamic_feat_size(images.shape[-2:]))
+
+
+def _grid_tokens(model: nn.Module, images: torch.Tensor) -> int | None:
+    return None if not hasattr(model, "patch_embed") else _grid(model, images)[0] * _grid(model, images)[1]
 
 
 def _prefix(model: nn.Module) -> int:
@@ -165,11 +228,11 @@ def importance_maps(
     Args:
         model: a linvit or timm ViT/DeiT model (eval mode is used and restored).
         images: (B, 3, H, W) normalised batch.
-        method: see the module docstring; default: default_method(model).
+        method: see the module docstring; default: default_method(model, tokens per image).
         layer: layer index (negative from the end) or "mean" over layers (ignored by cls/rollout/grad).
         target: classes for "grad" (default: the predicted class).
     """
-    method = method or default_method(model)
+    method = method or default_method(model, _grid_tokens(model, images))
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     was_training = model.training
@@ -183,20 +246,17 @@ def importance_maps(
             layers = None
         else:
             mixers = attention_mixers(model, method)
-            inputs, _ = capture_inputs(model, mixers, images)
+            scores, _ = capture_inputs(model, mixers, images, reduce=lambda m, x: layer_scores(m, x, method))
             prefix = _prefix(model)
             if method in ("cls", "rollout"):
-                attns = [layer_scores(m, x, method) for m, x in zip(mixers, inputs, strict=True)]
+                attns = scores
                 if method == "cls":
                     tokens = attns[-1].mean(1)[:, 0, prefix:] if prefix else attns[-1].mean(1).mean(1)
                 else:
                     tokens = _rollout(attns, prefix)
                 patch, layers = tokens.reshape(B, h, w), None
             else:
-                per_layer = torch.stack(
-                    [layer_scores(m, x, method)[:, prefix:] for m, x in zip(mixers, inputs, strict=True)], 1
-                )
-                layers = per_layer.reshape(B, -1, h, w)
+                layers = torch.stack([s[:, prefix:] for s in scores], 1).reshape(B, -1, h, w)
                 patch = layers.mean(1) if layer == "mean" else layers[:, int(layer)]
     finally:
         model.train(was_training)

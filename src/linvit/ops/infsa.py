@@ -53,6 +53,22 @@ def infsa_operator(
     return scores / (norm + eps).to(scores.dtype)
 
 
+def infsa_column_sums(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, block_size: int = 1024) -> torch.Tensor:
+    """Column sums of infsa_operator, sum_i A^_ij (how much each token is attended), shape (B, H, N).
+
+    Query blocks of ``block_size`` rows at a time, so memory is B*H*block*N scores, never N x N: the
+    one-hop map works at every size the model runs at (O(N^2) time, as pure InfSA itself).
+    """
+    acc = accumulation_dtype(q)
+    columns = torch.zeros(k.shape[:-1], dtype=acc, device=k.device)
+    squares = torch.zeros(k.shape[:2], dtype=acc, device=k.device)
+    for s in range(0, q.shape[2], block_size):
+        scores = _relu_scores(q[:, :, s : s + block_size], k, None)
+        columns += scores.sum(-2, dtype=acc)
+        squares += _row_sq_sums(scores).sum(-1)
+    return columns / (squares.sqrt() + eps)[..., None]
+
+
 def _row_sq_sums(scores: torch.Tensor) -> torch.Tensor:
     """Sum of squared scores of every query row, (B, H, n), in the accumulation dtype."""
     return torch.linalg.vector_norm(scores, dim=-1, dtype=accumulation_dtype(scores)).square()

@@ -164,6 +164,13 @@ def katz_centrality(
         return (fk @ torch.linalg.solve_ex(system, rhs, check_errors=False)[0])[..., 0]
 
 
+def katz_column_sums(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, feature_map: str = "relu") -> torch.Tensor:
+    """Column sums of katz_operator, sum_i A^_ij = r fk_j . sum_i fq_i, shape (B, H, N), in O(N d)."""
+    with no_autocast(q):
+        fq, fk, r = _factors(q, k, eps, feature_map)
+        return (fk @ fq.sum(dim=-2, keepdim=True).transpose(-2, -1))[..., 0] * r[..., 0]
+
+
 def perron_vector(
     q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, feature_map: str = "relu", iters: int = 200
 ) -> torch.Tensor:
