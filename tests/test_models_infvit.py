@@ -213,3 +213,34 @@ def test_folded_weights_follow_parameter_updates():
         after = model(x)
     assert not torch.allclose(before, after)
     torch.testing.assert_close(after, model(x).detach(), rtol=1e-5, atol=1e-6)  # grad on: the same derivation
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, match",
+    [
+        ("infvit_tiny_patch16_224", dict(attn_impl="dnese"), "attn_impl"),
+        ("katz_infvit_tiny_patch16_224", dict(feature_map="gelu"), "feature_map"),
+        ("linear_infvit_tiny_patch16_224", dict(fold_kv="yes"), "fold_kv"),
+        ("linear_infvit_tiny_patch16_224", dict(token_chunk="big"), "token_chunk"),
+        ("weightformer_tiny_patch16_224", dict(linear_predictor="mlp"), "linear_predictor"),
+        ("weightformer_tiny_patch16_224", dict(token_chunk=-5), "token_chunk"),
+    ],
+)
+def test_bad_options_fail_at_construction(name, kwargs, match):
+    """Typos in options built fine and failed at the first forward (or never, for unused ones)."""
+    with pytest.raises(ValueError, match=match):
+        timm.create_model(name, depth=1, **kwargs)
+
+
+def test_bad_layer_options_fail_at_construction():
+    from linvit.layers import KatzInfSAAttention, PureInfSAAttention
+
+    with pytest.raises(ValueError, match="impl"):
+        PureInfSAAttention(8, 2, impl="fast")
+    with pytest.raises(ValueError, match="block_size"):
+        PureInfSAAttention(8, 2, block_size=0)
+    with pytest.raises(ValueError, match="feature_map"):
+        KatzInfSAAttention(8, 2, feature_map="softplus")
+    model = timm.create_model("linear_infvit_tiny_patch16_224", depth=1)
+    with pytest.raises(ValueError, match="token_chunk"):
+        model.set_token_chunk("everything")

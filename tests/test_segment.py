@@ -362,3 +362,17 @@ def test_segmenter_backbone_loads_softmax_weights_then_converts(tmp_path):
     assert isinstance(attn, KatzInfSAAttention)
     assert torch.equal(attn.qkv.weight, classifier.blocks[1].attn.qkv.weight)
     assert model(torch.randn(1, 3, 64, 64)).shape[1] == 11
+
+
+def test_all_ignored_batch_contributes_zero_loss():
+    """A batch whose every pixel is ignore_index gave NaN (0 / 0) and killed the run; now 0, with zero gradients."""
+    from linvit.segment.engine import pixel_cross_entropy
+
+    logits = torch.randn(2, 5, 4, 6, requires_grad=True)
+    labels = torch.full((2, 4, 6), IGNORE)
+    loss = pixel_cross_entropy(logits, labels, IGNORE)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))
+    labels[0, 1, 2], labels[1, 3, 5] = 3, 0
+    expected = F.cross_entropy(logits, labels, ignore_index=IGNORE)
+    torch.testing.assert_close(pixel_cross_entropy(logits, labels, IGNORE), expected)

@@ -23,6 +23,16 @@ from .graph_capture import call_eagerly, is_fx_tracing
 torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see graph_capture.call_eagerly)
 
 
+PURE_IMPLS = ("auto", "dense", "chunked")
+FEATURE_MAPS = ("relu", "elu+1")
+
+
+def check_choice(name: str, value: object, choices: tuple) -> None:
+    """A one-line ValueError at construction for an option a forward would only reject later."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
+
+
 class FoldedWeights(NamedTuple):
     """Per-head weights of the folded Linear-InfSA path (see LinearInfSAAttention.folded_weights)."""
 
@@ -109,6 +119,9 @@ class PureInfSAAttention(_InfSABase):
     """
 
     def __init__(self, dim: int, num_heads: int = 8, *, impl: str = "auto", block_size: int | None = None, **kwargs):
+        check_choice("impl", impl, PURE_IMPLS)
+        if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
+            raise ValueError(f"block_size must be a positive int or None; got {block_size!r}")
         super().__init__(dim, num_heads, **kwargs)
         self.impl = impl
         self.block_size = block_size
@@ -146,6 +159,7 @@ class LinearInfSAAttention(_InfSABase):
     """
 
     def __init__(self, dim: int, num_heads: int = 8, *, fold_kv: bool = True, **kwargs):
+        check_choice("fold_kv", fold_kv, (True, False))
         super().__init__(dim, num_heads, **kwargs)
         self.fold_kv = fold_kv
 
@@ -276,6 +290,7 @@ class KatzInfSAAttention(_InfSABase):
     def __init__(self, dim: int, num_heads: int = 8, *, feature_map: str = "relu", **kwargs):
         if kwargs.get("attn_drop", 0.0):
             raise ValueError("Katz-InfSA never forms the attention matrix; attn_drop must be 0")
+        check_choice("feature_map", feature_map, FEATURE_MAPS)
         super().__init__(dim, num_heads, **kwargs)
         self.feature_map = feature_map
 

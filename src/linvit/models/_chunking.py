@@ -13,6 +13,17 @@ AUTO_CHUNK_MIN_TOKENS = 2**16
 AUTO_TOKEN_CHUNK = 2**14
 
 
+def check_token_chunk(setting: object) -> None:
+    """A one-line ValueError for a token_chunk that is not "auto", None / 0 or a positive int."""
+    if (
+        setting == "auto"
+        or setting is None
+        or (isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0)
+    ):
+        return
+    raise ValueError(f"token_chunk must be 'auto', None, 0 or a positive int; got {setting!r}")
+
+
 def resolve_token_chunk(setting: int | str | None, num_tokens: int) -> int | None:
     """Tokens per chunk for a forward over num_tokens, or None for the whole-tensor path.
 

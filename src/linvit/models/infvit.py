@@ -15,8 +15,9 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.graph_capture import is_fx_tracing, parent_method, stateless_call
+from ..layers.infsa_attention import FEATURE_MAPS, PURE_IMPLS, check_choice
 from ._cfg import model_cfg
-from ._chunking import resolve_token_chunk
+from ._chunking import check_token_chunk, resolve_token_chunk
 from ._input import CheckedPatchEmbed
 
 MIXERS = {
@@ -59,6 +60,10 @@ class InfViT(VisionTransformer):
     ) -> None:
         if mixer not in MIXERS:
             raise ValueError(f"unknown mixer {mixer!r}; choose from {sorted(MIXERS)}")
+        check_choice("attn_impl", attn_impl, PURE_IMPLS)
+        check_choice("fold_kv", fold_kv, (True, False))
+        check_choice("feature_map", feature_map, FEATURE_MAPS)
+        check_token_chunk(token_chunk)
         kwargs.setdefault("dynamic_img_size", True)
         super().__init__(attn_layer=MIXERS[mixer], embed_layer=CheckedPatchEmbed, **kwargs)
         self.mixer = mixer
@@ -177,6 +182,7 @@ class InfViT(VisionTransformer):
 
     def set_token_chunk(self, chunk: int | str | None) -> None:
         """Tokens per chunk, "auto", or None (off) for inference; see the class docstring."""
+        check_token_chunk(chunk)
         self.token_chunk = chunk
 
     def no_weight_decay(self) -> set[str]:

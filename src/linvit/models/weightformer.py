@@ -19,10 +19,11 @@ from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import DynamicDWConv, DynamicLinear
-from ..layers.dynamic import identity_tap
+from ..layers.dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, identity_tap
 from ..layers.graph_capture import call_eagerly, is_fx_tracing
+from ..layers.infsa_attention import check_choice
 from ._cfg import model_cfg
-from ._chunking import resolve_token_chunk
+from ._chunking import check_token_chunk, resolve_token_chunk
 from ._input import CheckedPatchEmbed
 
 torch.fx.wrap("call_eagerly")  # one node per block in FX graphs (see layers.graph_capture.call_eagerly)
@@ -159,6 +160,9 @@ class WeightFormer(nn.Module):
             k = dynamic_interval
             dynamic_blocks = [i for i in range(depth) if k and (i + k - 1) % k == 0]
         self.dynamic_blocks = sorted(dynamic_blocks)
+        check_choice("linear_predictor", linear_predictor, LINEAR_PREDICTORS)
+        check_choice("conv_predictor", conv_predictor, CONV_PREDICTORS)
+        check_token_chunk(token_chunk)
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
@@ -260,6 +264,7 @@ class WeightFormer(nn.Module):
 
     def set_token_chunk(self, chunk: int | str | None) -> None:
         """Tokens per chunk, "auto", or None (off) for inference; see the class docstring."""
+        check_token_chunk(chunk)
         self.token_chunk = chunk
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -37,6 +37,14 @@ def build_model(args, num_classes: int) -> Segmenter:
     return model
 
 
+def pixel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Mean cross-entropy over the labelled pixels, in float32; 0 (still attached to the graph, so DDP's
+    gradient all-reduce runs as on every rank) for a batch whose pixels are all ignore_index, where
+    F.cross_entropy's mean is 0 / 0 = NaN and killed the run."""
+    losses = F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction="none")
+    return losses.sum() / (labels != ignore_index).sum().clamp_min(1).to(losses.dtype)
+
+
 @torch.no_grad()
 def evaluate_segmentation(
     model: nn.Module, loader, num_classes: int, device, amp: str = "none", progress: bool = False
@@ -122,7 +130,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         images, labels = (t.to(device, non_blocking=True) for t in batch)
         with autocast(device, args.amp):
             logits = net(images)
-        return F.cross_entropy(logits.float(), labels, ignore_index=split.ignore_index), len(images)
+        return pixel_cross_entropy(logits, labels, split.ignore_index), len(images)
 
     def train_epoch(epoch: int) -> dict:
         return train_pass(net, loader, batch_loss, optimizer, scheduler, scaler, epoch, args, device, rank)
