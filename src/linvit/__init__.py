@@ -1,15 +1,16 @@
 """linvit: linear-time global vision backbones (InfSA, Linear-InfSA, Katz-InfSA, WeightFormer) in timm.
 
 ``import linvit`` registers every model with timm, so ``timm.create_model("linear_infvit_4l_patch16_224")``
-works; ``linvit.create_model`` and ``linvit.list_models`` are thin re-exports. ``linvit.convert(model, variant)``
+works; ``linvit.create_model`` is timm's plus linvit's ``:variant`` suffix (``vit_4l_patch16_224:naive``), and
+``linvit.list_models`` lists linvit's families. ``linvit.convert(model, variant)``
 puts InfSA into an existing timm / torchvision / Hugging Face model (linvit.conversion).
 """
 
-from timm import create_model
 from timm import list_models as _timm_list_models
 
 from . import layers, models, ops
 from .conversion import convert, convert_report
+from .models.variants import create_model
 
 __version__ = "0.1.0"
 

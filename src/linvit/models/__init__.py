@@ -2,7 +2,7 @@
 
 from . import infvit, weightformer
 from .infvit import InfViT
-from .variants import apply_variant, create_any_size, create_variant, split_name
+from .variants import apply_variant, check_model_name, create_any_size, create_model, create_variant, split_name
 from .weightformer import WeightFormer
 
 __all__ = [
@@ -14,4 +14,6 @@ __all__ = [
     "create_any_size",
     "apply_variant",
     "split_name",
+    "create_model",
+    "check_model_name",
 ]

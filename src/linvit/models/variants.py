@@ -1,5 +1,11 @@
 """Model names with an optional variant suffix, e.g. ``vit_4l_patch16_224:naive``.
 
+Every form timm accepts works wherever linvit takes a model name: registered names, pretrained tags
+(``vit_tiny_patch16_224.augreg_in21k``), ``hf-hub:org/repo`` and ``local-dir:PATH``, each with an optional
+``:variant`` at the end (``local-dir:runs/deit:fused``). The suffix is read as a variant only when it is one of
+VARIANTS and what precedes it is itself a model name (registered, or with a source prefix): timm's names have
+no ':', and a source keeps everything after its first ':', so ``local-dir:naive`` is the folder ``naive``.
+
 The suffix selects an implementation of the same weights, so a benchmark compares like with like:
     naive     softmax attention with the N x N matrix materialised (the paper's baseline setting)
     fused     softmax attention through torch's scaled_dot_product_attention (timm default)
@@ -15,6 +21,7 @@ from pathlib import Path
 import timm
 import torch.nn as nn
 from timm.layers import Attention
+from timm.models import is_model, parse_model_name, split_model_name_tag
 
 from ..layers import LinearInfSAAttention, PureInfSAAttention
 
@@ -27,11 +34,41 @@ class ModelArgumentError(ValueError, TypeError):
 
 
 def split_name(spec: str) -> tuple[str, str | None]:
-    """'name:variant' -> (name, variant); raises ValueError for an unknown variant."""
-    name, _, variant = spec.partition(":")
-    if variant and variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r} in {spec!r}; choose from {', '.join(VARIANTS)}")
-    return name, variant or None
+    """'name[:variant]' -> (name, variant), name in any form timm accepts; ValueError for an unknown variant
+    after a registered name (``vit_4l_patch16_224:navie``)."""
+    base, sep, suffix = spec.rpartition(":")
+    if not sep:
+        return spec, None
+    if ":" in base or _is_registered(base):  # a source prefix, or a registered name, before the suffix
+        if suffix in VARIANTS:
+            return base, suffix
+        if _is_registered(base):
+            raise ValueError(f"unknown variant {suffix!r} in {spec!r}; choose from {', '.join(VARIANTS)}")
+    return spec, None
+
+
+def _is_registered(name: str) -> bool:
+    return ":" not in name and "/" not in name and is_model(split_model_name_tag(name)[0])
+
+
+def check_model_name(name: str) -> None:
+    """ValueError (one line) unless timm can resolve name: a registered name (with or without a pretrained tag),
+    hf-hub:REPO or local-dir:PATH (the folder must exist)."""
+    try:
+        source, model = parse_model_name(name)
+    except ValueError as err:  # e.g. an org/repo id without its hf-hub: prefix
+        raise ValueError(str(err)) from None
+    if source == "local-dir" and not Path(model).is_dir():
+        raise ValueError(f"{name}: folder {model!r} not found")
+    if source is None and not is_model(split_model_name_tag(model)[0]):
+        raise ValueError(f"unknown model {name!r} (see `linvit models` or timm.list_models())")
+
+
+def create_model(spec: str, **kwargs) -> nn.Module:
+    """timm.create_model for any timm name plus linvit's ':variant' suffix (see the module docstring)."""
+    name, variant = split_name(spec)
+    check_model_name(name)
+    return apply_variant(timm.create_model(name, **kwargs), variant)
 
 
 def apply_variant(model: nn.Module, variant: str | None) -> nn.Module:
@@ -87,15 +124,16 @@ def create_variant(
     position embeddings and fills InfSA discounts missing from a softmax checkpoint; see pretrained_overlay).
     """
     name, variant = split_name(spec)
-    if name not in timm.list_models():
-        raise ValueError(f"unknown model {name!r} (see `linvit models` or timm.list_models())")
+    check_model_name(name)
     if pretrained_file is not None:
         kwargs.update(pretrained=True, pretrained_cfg_overlay=pretrained_overlay(name, pretrained_file))
     try:
         if img_size is not None:
             try:
                 model = timm.create_model(name, img_size=img_size, **kwargs)
-            except TypeError:  # models without a fixed input size (no img_size argument)
+            except TypeError as err:  # models without a fixed input size (no img_size argument) only
+                if not _rejects_argument(err, "img_size"):
+                    raise
                 model = timm.create_model(name, **kwargs)
         else:
             model = timm.create_model(name, **kwargs)
@@ -109,9 +147,16 @@ def create_variant(
     return apply_variant(model, variant)
 
 
+def _rejects_argument(err: TypeError, name: str) -> bool:
+    """err is Python's "unexpected keyword argument 'name'" (and not some other TypeError inside the model)."""
+    return f"unexpected keyword argument '{name}'" in str(err)
+
+
 def create_any_size(spec: str, **kwargs) -> nn.Module:
     """create_variant for inputs of any size: position embeddings resampled per input where the model has them."""
     try:
         return create_variant(spec, dynamic_img_size=True, **kwargs)
-    except TypeError:  # models without position embeddings (WeightFormer) take any size as they are
+    except TypeError as err:  # models without position embeddings (WeightFormer) take any size as they are
+        if not _rejects_argument(err, "dynamic_img_size"):
+            raise
         return create_variant(spec, **kwargs)
