@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import linvit
 from linvit.cli import main as cli_main
 from linvit.data.cluttered_mnist import build_detection_set
 from linvit.detect import CocoDetection, coco_stats, create_detector, to_coco_results
@@ -203,6 +204,11 @@ def test_detect_train_resume_eval_and_rescoring(det_data, tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0, 1] and {"val_AP", "val_AP50", "train_loss"} <= rows[-1].keys()
     assert json.loads((run / "config.json").read_text())["linvit"]["task"] == "detection"
+    reloaded = linvit.load_run(run)  # one call rebuilds the detector from the run (timm's local-dir cannot)
+    assert type(reloaded).__name__ == "FasterRCNN" and not reloaded.training
+    assert reloaded.transform.min_size == (48,) and reloaded.transform.max_size == 64
+    with torch.no_grad():
+        assert {"boxes", "labels", "scores"} <= reloaded([torch.rand(3, 48, 64)])[0].keys()
 
     out = tmp_path / "eval"
     evaluate = ["detect", "eval", "--data", str(det_data), "--split", "val", "--checkpoint", str(run)]

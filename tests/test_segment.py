@@ -253,6 +253,15 @@ def test_segment_train_resume_and_eval_end_to_end(data, tmp_path):
     assert json.loads(again.read_text())["miou"] == pytest.approx(rows[-1]["val_miou"])
     assert len(metrics["per_class_iou"]) == 11 and metrics["class_names"][1] == "digit 0"
     assert 0 < metrics["backbone_gmacs@64"] < metrics["segmenter_gmacs@64"]
+    # ... and in Python, one call (timm's local-dir: cannot build a segmenter)
+    from safetensors.torch import load_file
+
+    import linvit
+
+    segmenter = linvit.load_run(out)
+    assert segmenter.label_names[1] == "digit 0" and not segmenter.training
+    saved = load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(segmenter.state_dict()[k], v) for k, v in saved.items())
 
 
 def test_segment_torchrun_two_processes_agree(data, tmp_path):

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from PIL import Image
 
 from linvit.cli import main as cli_main
 from linvit.data import build_cluttered_mnist
@@ -325,6 +326,20 @@ def test_a_run_folder_reloads_with_timm_and_eval_alone_and_reruns_from_its_confi
 
     state, which = read_weights(run / "last.pth")
     assert which == "ema" and all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    # ... and describes its own data config to timm: 32 px as trained, not the architecture's 224
+    data_config = timm.data.resolve_model_data_config(model)
+    trained_on = config["linvit"]["data_config"]
+    assert data_config["input_size"] == (3, 32, 32) and data_config.keys() == trained_on.keys()
+    assert all(
+        list(data_config[k]) == list(v) if isinstance(v, list) else data_config[k] == v for k, v in trained_on.items()
+    )
+    image = timm.data.create_transform(**data_config)(Image.new("RGB", (70, 50)))
+    assert image.shape == (3, 32, 32) and model(image[None]).shape == (1, 10)
+    import linvit
+
+    reloaded = linvit.load_run(run)
+    assert reloaded.label_names[:2] == ["0", "1"]
+    assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in model.state_dict().items())
 
     def evaluate(*extra):
         out = tmp_path / "e.json"

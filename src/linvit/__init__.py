@@ -3,7 +3,8 @@
 ``import linvit`` registers every model with timm, so ``timm.create_model("linear_infvit_4l_patch16_224")``
 works; ``linvit.create_model`` is timm's plus linvit's ``:variant`` suffix (``vit_4l_patch16_224:naive``), and
 ``linvit.list_models`` lists linvit's families. ``linvit.convert(model, variant)``
-puts InfSA into an existing timm / torchvision / Hugging Face model (linvit.conversion).
+puts InfSA into an existing timm / torchvision / Hugging Face model (linvit.conversion); ``linvit.load_run(RUN)``
+reloads any run folder (classification, segmentation, detection).
 """
 
 from timm import list_models as _timm_list_models
@@ -11,6 +12,7 @@ from timm import list_models as _timm_list_models
 from . import layers, models, ops
 from .conversion import convert, convert_report
 from .models.variants import create_model
+from .runs import load_run
 
 __version__ = "0.1.0"
 
@@ -27,4 +29,4 @@ def list_models(filter: str = "", **kwargs) -> list[str]:
     return sorted(n for n in _timm_list_models(filter or "*", **kwargs) if n in ours)
 
 
-__all__ = ["create_model", "list_models", "convert", "convert_report", "ops", "layers", "models", "__version__"]
+__all__ = ["create_model", "list_models", "load_run", "convert", "convert_report", "ops", "layers", "models", "__version__"]

@@ -1,7 +1,10 @@
 """Run folders as timm / Hugging Face model folders: config.json, model.safetensors and a README.md model card.
 
 A classification run's folder loads with ``timm.create_model("local-dir:RUN", pretrained=True)`` (after
-``import linvit``) and ``linvit eval --checkpoint RUN``. timm's own ``save_for_hf`` writes the weights and the
+``import linvit``) and ``linvit eval --checkpoint RUN``, and its pretrained_cfg carries the run's own data config
+(input size, crop, mean/std, interpolation), so timm's resolve_model_data_config + create_transform feed the
+model what it was trained on. Every run folder, segmentation and detection included, loads with
+``linvit.load_run(RUN)``. timm's own ``save_for_hf`` writes the weights and the
 config (architecture, model_args, num_classes, label names, data config); linvit adds a ``linvit`` section
 (task, model spec, conversion, which weights were saved, the final metrics) that its commands read back.
 Models timm did not create (the segmenter) get the same files with the ``linvit`` section only.
@@ -28,6 +31,8 @@ def save_model_folder(output: Path, model: nn.Module, info: dict, label_names: l
     output = Path(output)
     cfg = getattr(model, "pretrained_cfg", None)
     if isinstance(cfg, dict) and cfg.get("architecture") and hasattr(model, "num_classes"):
+        if info.get("data_config"):  # what the run trained and evaluated on, not the architecture's default
+            model.pretrained_cfg = {**cfg, **pretrained_data_fields(info["data_config"])}
         model_config = {"linvit": info}
         if label_names:
             model_config["label_names"] = list(label_names)
@@ -36,6 +41,12 @@ def save_model_folder(output: Path, model: nn.Module, info: dict, label_names: l
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(output / WEIGHTS))
     config = {"linvit": info, **({"label_names": list(label_names)} if label_names else {})}
     atomic_write_text(json.dumps(config, indent=2, default=str), output / CONFIG)
+
+
+def pretrained_data_fields(data_config: dict) -> dict:
+    """timm's pretrained_cfg keys for a data config from timm.data.resolve_data_config (tuples kept as tuples)."""
+    keys = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in data_config.items() if k in keys}
 
 
 def read_run_config(path: str | Path) -> tuple[Path, dict] | None:

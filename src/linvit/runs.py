@@ -1,0 +1,51 @@
+"""``linvit.load_run(RUN)``: any linvit run folder back as a model, in one call.
+
+Classification runs are timm model folders (``timm.create_model("local-dir:RUN", pretrained=True)`` works too);
+segmentation and detection runs are not timm models (a segmenter or a torchvision detector around a timm
+backbone), so they are rebuilt from the run's recorded arguments and loaded strictly from model.safetensors.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+
+import torch.nn as nn
+
+from .utils.artifacts import WEIGHTS, read_run_config
+
+
+def load_run(path: str | Path) -> nn.Module:
+    """The trained model of a run folder (or of a file inside one), in eval mode, with ``label_names`` set."""
+    found = read_run_config(path)
+    if found is None:
+        raise ValueError(f"{path}: not a linvit run folder (no config.json with a 'linvit' section)")
+    folder, config = found
+    if not (folder / WEIGHTS).is_file():
+        raise ValueError(f"{folder}: no {WEIGHTS} (a run that has not finished?)")
+    info = config["linvit"]
+    task = info.get("task", "classification")
+    if task == "classification":
+        import timm
+
+        model = timm.create_model(f"local-dir:{folder}", pretrained=True)
+    else:
+        from .evaluate import load_weights
+
+        model = _build_dense(task, Namespace(**info["args"]), info["num_classes"])
+        load_weights(model, folder / WEIGHTS)
+    model.label_names = config.get("label_names")
+    return model.eval()
+
+
+def _build_dense(task: str, args: Namespace, num_classes: int) -> nn.Module:
+    args.backbone_checkpoint = None  # the run's weights replace the backbone's starting point
+    if task == "segmentation":
+        from .segment.engine import build_model
+
+        return build_model(args, num_classes)
+    if task == "detection":
+        from .detect.engine import build_detector
+
+        return build_detector(args, num_classes)
+    raise ValueError(f"unknown task {task!r} in the run's config.json")
