@@ -29,4 +29,14 @@ def list_models(filter: str = "", **kwargs) -> list[str]:
     return sorted(n for n in _timm_list_models(filter or "*", **kwargs) if n in ours)
 
 
-__all__ = ["create_model", "list_models", "load_run", "convert", "convert_report", "ops", "layers", "models", "__version__"]
+__all__ = [
+    "create_model",
+    "list_models",
+    "load_run",
+    "convert",
+    "convert_report",
+    "ops",
+    "layers",
+    "models",
+    "__version__",
+]
