@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from linvit.cli import main as cli_main
-from linvit.data import SafeImageFolder, boxes_for, build_cluttered_mnist, collate_skip_none, load_boxes, load_mnist_5k
+from linvit.data import SafeImageFolder, boxes_for, build_cluttered_mnist, collate_images, load_boxes, load_mnist_5k
 
 
 def test_bundled_mnist_is_real_and_balanced():
@@ -113,10 +113,10 @@ def test_corrupt_images_are_skipped_and_counted(tmp_path):
 
     ds = SafeImageFolder(tmp_path / "train", transform=ToTensor())
     with pytest.warns(UserWarning, match="unreadable"):
-        batch = collate_skip_none([ds[i] for i in range(4)])
+        batch = collate_images([ds[i] for i in range(4)])
     images, targets, skipped = batch
     assert skipped == 1 and images.shape == (3, 3, 32, 32) and targets.dtype == torch.int64
-    assert collate_skip_none([None, None]) is None
+    assert collate_images([None, None]) is None
 
 
 def test_missing_or_empty_split_is_a_clear_error(tmp_path):
@@ -125,3 +125,43 @@ def test_missing_or_empty_split_is_a_clear_error(tmp_path):
     (tmp_path / "empty" / "a").mkdir(parents=True)
     with pytest.raises(ValueError, match="empty"):
         SafeImageFolder(tmp_path / "empty")
+
+
+def test_transform_errors_are_not_counted_as_unreadable_images(tmp_path):
+    """Only decoding errors mark an image unreadable; a bug in a transform keeps its traceback."""
+    build_cluttered_mnist(tmp_path, canvas=32, per_class_train=1, per_class_val=1, progress=False)
+
+    def broken(image):
+        raise ValueError("a bug in the transform")
+
+    with pytest.raises(ValueError, match="a bug in the transform"):
+        SafeImageFolder(tmp_path / "train", transform=broken)[0]
+
+
+def test_training_folders_replace_undecodable_images(tmp_path):
+    build_cluttered_mnist(tmp_path, canvas=32, per_class_train=2, per_class_val=1, progress=False)
+    (tmp_path / "train" / "0" / "00000.png").write_bytes(b"not a png")
+    from torchvision.transforms import ToTensor
+
+    ds = SafeImageFolder(tmp_path / "train", transform=ToTensor(), unreadable="replace")
+    with pytest.warns(UserWarning, match="unreadable"):
+        image, target, passed_over = ds[0]
+    assert passed_over == 1 and target == ds.samples[1][1] and image.shape == (3, 32, 32)
+    images, targets, unreadable = collate_images([ds[i] for i in range(1, 4)])
+    assert unreadable == 0 and len(images) == 3
+
+
+def test_default_randaugment_survives_posterize_at_zero_bits():
+    """timm's PosterizeIncreasing reaches 0 bits at magnitude 10; Pillow 13 raises there unless fixed."""
+    from PIL import Image
+    from timm.data import create_transform
+
+    from linvit.data.augment import fix_posterize
+
+    transform = create_transform(32, is_training=True, auto_augment="rand-m9-mstd0.5-inc1")
+    rand_augment = next(t for t in transform.transforms if hasattr(t, "ops"))
+    posterize = next(op for op in rand_augment.ops if op.name == "PosterizeIncreasing")
+    posterize.prob, posterize.magnitude_std, posterize.magnitude = 1.0, 0.0, 10  # always 0 bits
+    image = Image.new("RGB", (32, 32), (200, 120, 40))
+    assert fix_posterize(transform) >= 1
+    assert posterize(image).getextrema() == ((0, 0), (0, 0), (0, 0))  # old Pillow's answer: nothing kept

@@ -194,7 +194,7 @@ def test_torchrun_two_processes_agree(data, tmp_path):
     assert len(_metrics(tmp_path)) == 1
 
 
-def test_corrupt_training_image_is_skipped_and_counted(tmp_path):
+def test_corrupt_training_image_is_replaced_and_counted(tmp_path):
     root = tmp_path / "data"
     build_cluttered_mnist(root, canvas=32, per_class_train=2, per_class_val=1, clutter=0, progress=False)
     (root / "train" / "4" / "00001.png").write_bytes(b"\x89PNG broken")
@@ -222,7 +222,52 @@ def test_corrupt_training_image_is_skipped_and_counted(tmp_path):
             )
             == 0
         )
-    assert _metrics(out)[0]["skipped_images"] == 1
+    record = _metrics(out)[0]
+    assert record["replaced_images"] == 1 and record["skipped_images"] == 0  # every batch kept its size
+
+
+def test_torchrun_with_a_corrupt_image_on_one_rank_completes(tmp_path):
+    """Batch 1 per rank: the rank holding the corrupt image used to skip that step while the other entered the
+    gradient all-reduce (a hang). Replaced at the dataset level, both ranks take every step and agree."""
+    root = tmp_path / "data"
+    build_cluttered_mnist(root, canvas=32, per_class_train=1, per_class_val=1, clutter=0, progress=False)
+    (root / "train" / "3" / "00000.png").write_bytes(b"\x89PNG broken")
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "linvit"]
+    cmd += ["train", "--data", str(root), "--model", "linear_infvit_tiny_patch16_224", "--output", str(out)]
+    cmd += ["--epochs", "1", "--batch-size", "1", "--workers", "0", "--device", "cpu", *FAST, "--no-progress"]
+    cmd += ["--model-kwargs", "patch_size=8", "depth=1"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = _metrics(out)[0]
+    assert record["replaced_images"] == 1
+    finals = [json.loads((out / f"final_val_rank{r}.json").read_text()) for r in (0, 1)]
+    measured = [{k: v for k, v in f.items() if k.startswith(("val_", "train_"))} for f in finals]
+    assert measured[0] == measured[1] and "val_top1" in measured[0]
+
+
+def test_a_non_finite_loss_on_one_rank_stops_every_rank(tmp_path):
+    """stop_if_not_finite is collective: rank 1 alone saw NaN, and both ranks raise at the same step."""
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from linvit.engine import stop_if_not_finite\n"
+        "dist.init_process_group('gloo')\n"
+        "flag = torch.tensor(float(dist.get_rank() == 1))\n"
+        "try:\n"
+        "    stop_if_not_finite(flag, 0, 49)\n"
+        "    print('continued')\n"
+        "except FloatingPointError as err:\n"
+        "    print('stopped:', err)\n"
+        "dist.destroy_process_group()\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout  # the two ranks' lines may interleave
+    assert out.count("1 non-finite loss value(s) by epoch 0 step 49") == 2 and "continued" not in out, out
 
 
 def test_bad_runs_stop_with_one_line_errors(data, tmp_path, capsys):

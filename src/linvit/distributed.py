@@ -7,12 +7,14 @@ import os
 import torch
 import torch.distributed as dist
 
+from .errors import UsageError
+
 
 def init_distributed(device: str = "auto") -> tuple[int, int, torch.device]:
     """Join the torchrun process group if launched by torchrun; returns (rank, world_size, device)."""
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but torch sees no CUDA device")
+        raise UsageError("--device cuda requested but torch sees no CUDA device")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))

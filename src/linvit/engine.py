@@ -1,8 +1,9 @@
 """The training skeleton the tasks share: resume, the epoch loop, checkpoints, the final weights.
 
-Each task (classification in train.py, segmentation in segment/engine.py) builds its model, data, loss and
-evaluation and hands run_epochs one function that trains an epoch and one that evaluates; everything
-around them (replayable seeds, DDP, the metrics line, atomic checkpoints, resume) lives here once.
+Each task (classification in train.py, segmentation and detection in their engines) builds its model, data, loss
+and evaluation; train_pass runs the steps of an epoch for all of them, and run_epochs takes one function that
+trains an epoch and one that evaluates; everything around them (replayable seeds, DDP, the metrics line, atomic
+checkpoints, resume) lives here once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from timm.scheduler import create_scheduler_v2
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from .distributed import all_reduce_sum, barrier
+from .distributed import all_reduce_sum, all_reduce_tensor, barrier
+from .errors import UsageError
 from .evaluate import check_num_classes
 from .utils.artifacts import CONFIG, save_model_folder, write_model_card
 from .utils.checkpoint import atomic_save, atomic_write_text
@@ -39,7 +41,7 @@ def find_resume(output: Path, resume: str | None) -> Path | None:
         return path if path.is_file() else None
     path = Path(resume)
     if not path.is_file():
-        raise ValueError(f"--resume {resume}: checkpoint not found")
+        raise UsageError(f"--resume {resume}: checkpoint not found")
     return path
 
 
@@ -56,12 +58,12 @@ def resume_run(output: Path, resume: str | None, model, optimizer, scheduler, em
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         missing = {"model", "optimizer", "scheduler", "epoch", "rng"} - set(ckpt)
     except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign files all end here
-        raise ValueError(
+        raise UsageError(
             f"cannot resume from {path}: the file is damaged or not a linvit checkpoint ({type(err).__name__}); "
             f"delete it to start the run over, or pass --resume with another checkpoint"
         ) from err
     if missing:
-        raise ValueError(f"cannot resume from {path}: not a linvit training checkpoint (no {sorted(missing)})")
+        raise UsageError(f"cannot resume from {path}: not a linvit training checkpoint (no {sorted(missing)})")
     check_num_classes(model, ckpt["model"], path)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
@@ -116,22 +118,29 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, scaler, clip
         optimizer.step()
 
 
-def dense_recipe(model: nn.Module, args, updates_per_epoch: int, device: torch.device):
-    """(optimizer, scheduler, scaler) of the dense tasks: AdamW through timm (no decay on norms, biases,
-    position embeddings), cosine per iteration from lr to lr/100 after a warm-up from lr/1000, fp16 scaling."""
-    optimizer = create_optimizer_v2(model, opt="adamw", lr=args.lr, weight_decay=args.weight_decay)
+def training_recipe(model: nn.Module, args, updates_per_epoch: int, device: torch.device, lr: float | None = None):
+    """(optimizer, scheduler, scaler) of every task: args.opt (default AdamW) through timm (no decay on norms,
+    biases, position embeddings, InfSA discounts), cosine per iteration to args.min_lr (default lr/100) after a
+    warm-up from args.warmup_lr (default lr/1000), fp16 gradient scaling. lr defaults to args.lr."""
+    lr = args.lr if lr is None else lr
+    optimizer = create_optimizer_v2(model, opt=getattr(args, "opt", "adamw"), lr=lr, weight_decay=args.weight_decay)
+    warmup_lr, min_lr = getattr(args, "warmup_lr", None), getattr(args, "min_lr", None)
     scheduler, _ = create_scheduler_v2(
         optimizer,
         sched="cosine",
         num_epochs=args.epochs,
         warmup_epochs=args.warmup_epochs,
-        warmup_lr=args.lr * 1e-3,
-        min_lr=args.lr * 1e-2,
+        warmup_lr=lr * 1e-3 if warmup_lr is None else warmup_lr,
+        min_lr=lr * 1e-2 if min_lr is None else min_lr,
         step_on_epochs=False,
         updates_per_epoch=updates_per_epoch,
     )
     scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
     return optimizer, scheduler, scaler
+
+
+# steps between the collective finiteness checks (and progress-bar updates): the only host syncs of an epoch
+CHECK_EVERY = 50
 
 
 def train_pass(
@@ -145,31 +154,54 @@ def train_pass(
     args,
     device: torch.device,
     rank: int,
+    after_step: Callable[[int], None] | None = None,
 ) -> dict:
-    """One epoch of a dense task (segmentation, detection): batch_loss(batch) -> (loss, images); the optimizer
-    step, the per-iteration schedule, a progress bar and the epoch's numbers (summed over ranks) are shared."""
+    """One epoch of any task: batch_loss(batch) -> (loss, images); the optimizer step, the per-iteration
+    schedule, after_step(global step) (EMA), a progress bar and the epoch's numbers (summed over ranks).
+
+    The running loss stays on the device: the host waits only every CHECK_EVERY steps, where every rank
+    takes part in one all-reduce of the non-finite count and all of them stop together (a loss that is NaN on
+    one rank only no longer leaves the others waiting in the next gradient all-reduce).
+    """
     net.train()
-    loss_sum = seen = 0.0
+    updates = len(loader)
+    loss_sum = torch.zeros((), device=device)
+    nonfinite = torch.zeros((), device=device)
+    seen = 0
     start = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
     for step, batch in enumerate(bar):
         loss, images = batch_loss(batch)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} step {step}; stopping")
         optimizer_step(loss, net, optimizer, scaler, args.clip_grad)
-        scheduler.step_update(num_updates=epoch * len(loader) + step + 1)
-        loss_sum += loss.item() * images
+        scheduler.step_update(num_updates=epoch * updates + step + 1)
+        if after_step is not None:
+            after_step(epoch * updates + step)
+        loss = loss.detach().float()
+        nonfinite += ~torch.isfinite(loss)
+        loss_sum += loss * images
         seen += images
-        bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+        if (step + 1) % CHECK_EVERY == 0 or step + 1 == updates:
+            stop_if_not_finite(nonfinite, epoch, step)
+            bar.set_postfix(loss=f"{loss_sum.item() / max(seen, 1):.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
     seconds = time.perf_counter() - start
-    loss_sum, seen = all_reduce_sum([loss_sum, seen], device)
+    loss_total, seen = all_reduce_sum([loss_sum.item(), seen], device)
     scheduler.step(epoch + 1)
     return {
-        "train_loss": loss_sum / max(seen, 1),
+        "train_loss": loss_total / max(seen, 1),
         "lr": optimizer.param_groups[0]["lr"],
         "epoch_seconds": seconds,
         "images_per_second": seen / seconds if seconds > 0 else None,
     }
+
+
+def stop_if_not_finite(nonfinite: torch.Tensor, epoch: int, step: int) -> None:
+    """Collective: every rank calls it at the same step and raises if any rank saw a non-finite loss."""
+    count = int(all_reduce_tensor(nonfinite.clone()).item())
+    if count:
+        raise FloatingPointError(
+            f"{count} non-finite loss value(s) by epoch {epoch} step {step} (checked every {CHECK_EVERY} steps "
+            "on all ranks); stopping. Try a lower --lr, --clip-grad, or --amp none"
+        )
 
 
 def gather_rng(world: int) -> list[dict]:
@@ -216,6 +248,7 @@ def run_epochs(
     (state(epoch, rngs, history)); after the last epoch, OUT becomes a model folder: final_model()'s weights
     (model.safetensors), config.json (timm's, with run_info and the final metrics under "linvit") and a
     README.md model card (linvit.utils.artifacts)."""
+    run_info = {**run_info, "threads": torch.get_num_threads()}  # --threads, or torch's default
     writer = tensorboard_writer(output) if getattr(args, "log", "none") == "tensorboard" and rank == 0 else None
     for epoch in range(start_epoch, args.epochs):
         seed_everything(args.seed + 1000 * epoch + rank)  # replayable on resume
@@ -247,7 +280,7 @@ def tensorboard_writer(output: Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as err:
-        raise ValueError('--log tensorboard needs tensorboard: pip install -e ".[tensorboard]"') from err
+        raise UsageError('--log tensorboard needs tensorboard: pip install -e ".[tensorboard]"') from err
     return SummaryWriter(log_dir=str(output / "tensorboard"))
 
 

@@ -15,8 +15,9 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from .conversion import convert_if_asked
-from .data import SafeImageFolder, collate_skip_none
+from .data import SafeImageFolder, collate_images
 from .distributed import all_reduce_sum, cleanup, init_distributed
+from .errors import UsageError
 from .models import WeightFormer, create_variant, weightformer
 from .utils import compile_model
 from .utils.artifacts import saved_weights_kind, use_run_folder
@@ -35,28 +36,29 @@ def evaluate(
 ) -> dict:
     """Mean cross-entropy, top-1 and top-5 accuracy (%) over the loader, summed across ranks.
 
-    Each rank sees a disjoint shard (no padding duplicates), so every rank returns the same numbers.
+    Each rank sees a disjoint shard (no padding duplicates), so every rank returns the same numbers. The sums
+    stay on the device until the end (no host synchronisation per batch).
     """
     model.eval()
-    loss_sum = top1 = top5 = count = skipped = 0.0
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits
+    count = skipped = 0
     for batch in tqdm(loader, desc=desc, leave=False, disable=not progress):
         if batch is None:
             continue
         images, targets, bad = batch
         skipped += bad
+        count += targets.numel()
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         with autocast(device, amp):
             logits = model(images)
         logits = logits.float()
-        loss_sum += F.cross_entropy(logits, targets, reduction="sum").item()
-        k = min(5, logits.shape[1])
-        hits = logits.topk(k, dim=1).indices == targets[:, None]
-        top1 += hits[:, 0].sum().item()
-        top5 += hits.any(dim=1).sum().item()
-        count += targets.numel()
+        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices == targets[:, None]
+        loss = F.cross_entropy(logits, targets, reduction="sum")
+        sums += torch.stack([loss, hits[:, 0].sum(), hits.any(dim=1).sum()]).double()
+    loss_sum, top1, top5 = sums.tolist()
     loss_sum, top1, top5, count, skipped = all_reduce_sum([loss_sum, top1, top5, count, skipped], device)
     if count == 0:
-        raise ValueError("evaluation saw no readable images")
+        raise UsageError("evaluation saw no readable images")
     return {
         "loss": loss_sum / count,
         "top1": 100.0 * top1 / count,
@@ -86,16 +88,16 @@ def read_weights(path: Path, ema: bool | None = None) -> tuple[dict, str]:
     is an error rather than a silent fallback.
     """
     if not path.is_file():
-        raise ValueError(f"{path}: checkpoint not found")
+        raise UsageError(f"{path}: checkpoint not found")
     try:
         if path.suffix == ".safetensors":
             raw = load_safetensors(str(path))
         else:
             raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling refusals, corrupt files
-        raise ValueError(f"{path}: cannot read checkpoint safely ({type(err).__name__}: {err})") from err
+        raise UsageError(f"{path}: cannot read checkpoint safely ({type(err).__name__}: {err})") from err
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: not a state dict or checkpoint ({type(raw).__name__})")
+        raise UsageError(f"{path}: not a state dict or checkpoint ({type(raw).__name__})")
     ema_key = next((k for k in EMA_KEYS if isinstance(raw.get(k), dict)), None)
     saved = saved_weights_kind(path)
     if ema_key is not None and ema is not False:
@@ -103,10 +105,10 @@ def read_weights(path: Path, ema: bool | None = None) -> tuple[dict, str]:
     if saved is not None:
         if ema is not None and (saved == "ema") != ema:
             other = "the raw weights are in last.pth" if saved == "ema" else "the run kept no EMA"
-            raise ValueError(f"{path} holds the {saved} weights; {other}")
+            raise UsageError(f"{path} holds the {saved} weights; {other}")
         return unwrap_state_dict(raw), saved
     if ema:
-        raise ValueError(f"{path}: holds no EMA weights")
+        raise UsageError(f"{path}: holds no EMA weights")
     return unwrap_state_dict(raw), "model"
 
 
@@ -142,7 +144,7 @@ def apply_weights(model: nn.Module, state: dict, path: Path) -> None:
     check_num_classes(model, state, path)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise ValueError(
+        raise UsageError(
             f"{path}: checkpoint does not fit {type(model).__name__}: missing {result.missing_keys[:3]}, "
             f"unexpected {result.unexpected_keys[:3]}"
         )
@@ -156,7 +158,7 @@ def load_backbone(backbone: nn.Module, path: str) -> None:
     missing = [k for k in own if k not in state]
     mis_shaped = [k for k in state if state[k].shape != own[k].shape]
     if missing or mis_shaped:
-        raise ValueError(f"{path}: does not fit the backbone: missing {missing[:3]}, mis-shaped {mis_shaped[:3]}")
+        raise UsageError(f"{path}: does not fit the backbone: missing {missing[:3]}, mis-shaped {mis_shaped[:3]}")
     backbone.load_state_dict(state)
 
 
@@ -166,10 +168,10 @@ def check_num_classes(model: nn.Module, state: dict, path) -> None:
     name = next((n for n, m in model.named_modules() if m is head), None)
     key = f"{name}.weight" if name else None
     if key and key in state and isinstance(head, nn.Linear) and state[key].shape[0] != head.out_features:
-        raise ValueError(f"{path}: checkpoint has {state[key].shape[0]} classes, the data has {head.out_features}")
+        raise UsageError(f"{path}: checkpoint has {state[key].shape[0]} classes, the data has {head.out_features}")
 
 
-def eval_loader(dataset, batch_size: int, workers: int, rank: int, world: int, collate_fn=collate_skip_none):
+def eval_loader(dataset, batch_size: int, workers: int, rank: int, world: int, collate_fn=collate_images):
     """Disjoint rank shards (rank::world) in order; unequal shards are fine since results are summed."""
     shard = Subset(dataset, list(range(rank, len(dataset), world)))
     return DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate_fn)

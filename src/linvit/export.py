@@ -20,6 +20,7 @@ import timm
 import torch
 import torch.nn as nn
 
+from .errors import UsageError
 from .layers import PureInfSAAttention
 from .models import create_variant
 from .ops.infsa import DENSE_MAX_SCORES
@@ -35,11 +36,11 @@ def load_export_model(spec: str, model_kwargs: dict, img_size: tuple[int, int]) 
     if run is not None:
         folder, config = run
         if not config.get("architecture"):
-            raise ValueError(f"{folder}: a {config['linvit'].get('task')} run; export takes classification runs")
+            raise UsageError(f"{folder}: a {config['linvit'].get('task')} run; export takes classification runs")
         model = timm.create_model(f"local-dir:{folder}", pretrained=True, img_size=img_size, **model_kwargs)
         return model, config["architecture"]
     if Path(spec).exists():
-        raise ValueError(f"{spec}: not a linvit run folder (no config.json from `linvit train`)")
+        raise UsageError(f"{spec}: not a linvit run folder (no config.json from `linvit train`)")
     return create_variant(spec, img_size=img_size, **model_kwargs), spec
 
 
@@ -68,7 +69,7 @@ def export_model(model: nn.Module, fmt: str, out: Path, example: torch.Tensor, d
     elif fmt == "torchscript":  # scripted, not traced: every batch and input size runs
         torch.jit.save(torch.jit.script(model), str(out))
     else:
-        raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+        raise UsageError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
 
 
 def check_onnx(model: nn.Module, path: Path, example: torch.Tensor, batches: list[int]) -> float:
@@ -76,7 +77,7 @@ def check_onnx(model: nn.Module, path: Path, example: torch.Tensor, batches: lis
     try:
         import onnxruntime
     except ImportError as err:
-        raise ValueError('checking ONNX files needs onnxruntime: pip install -e ".[export]"') from err
+        raise UsageError('checking ONNX files needs onnxruntime: pip install -e ".[export]"') from err
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     worst = 0.0
@@ -121,5 +122,5 @@ def run_export(args) -> dict:
     if chosen:
         print("pure InfSA forms fixed for export: " + ", ".join(sorted(set(c.split(": ")[1] for c in chosen))))
     if diff > ONNX_TOLERANCE:
-        raise ValueError(f"exported model differs from PyTorch by {diff:.2e} (> {ONNX_TOLERANCE:g})")
+        raise UsageError(f"exported model differs from PyTorch by {diff:.2e} (> {ONNX_TOLERANCE:g})")
     return summary

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
+from .errors import UsageError
 from .utils.artifacts import WEIGHTS, read_run_config
 
 
@@ -19,10 +20,10 @@ def load_run(path: str | Path) -> nn.Module:
     """The trained model of a run folder (or of a file inside one), in eval mode, with ``label_names`` set."""
     found = read_run_config(path)
     if found is None:
-        raise ValueError(f"{path}: not a linvit run folder (no config.json with a 'linvit' section)")
+        raise UsageError(f"{path}: not a linvit run folder (no config.json with a 'linvit' section)")
     folder, config = found
     if not (folder / WEIGHTS).is_file():
-        raise ValueError(f"{folder}: no {WEIGHTS} (a run that has not finished?)")
+        raise UsageError(f"{folder}: no {WEIGHTS} (a run that has not finished?)")
     info = config["linvit"]
     task = info.get("task", "classification")
     if task == "classification":
@@ -48,4 +49,4 @@ def _build_dense(task: str, args: Namespace, num_classes: int) -> nn.Module:
         from .detect.engine import build_detector
 
         return build_detector(args, num_classes)
-    raise ValueError(f"unknown task {task!r} in the run's config.json")
+    raise UsageError(f"unknown task {task!r} in the run's config.json")

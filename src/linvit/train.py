@@ -10,24 +10,21 @@ reseeds from (seed, epoch, rank), so a resumed run replays the same data order a
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 from timm.data import Mixup, create_transform, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
-from tqdm import tqdm
 
 from .conversion import convert_if_asked
-from .data import SafeImageFolder, collate_skip_none
+from .data import SafeImageFolder, collate_images
+from .data.augment import fix_posterize
 from .distributed import all_reduce_sum, cleanup, init_distributed
-from .engine import optimizer_step, resume_run, run_epochs, training_state, wrap_ddp, write_run_config
+from .engine import resume_run, run_epochs, train_pass, training_recipe, training_state, wrap_ddp, write_run_config
+from .errors import UsageError
 from .evaluate import autocast, eval_loader, evaluate
 from .models import create_variant
 from .utils import compile_model, output_dir
@@ -50,51 +47,12 @@ def build_datasets(args, model: nn.Module) -> tuple[SafeImageFolder, SafeImageFo
         re_mode="pixel",
         re_count=1,
     )
-    train = SafeImageFolder(Path(args.data) / args.train_split, transform=train_tf)
+    fix_posterize(train_tf)  # timm's Posterize at 0 bits raises on Pillow 13 (linvit.data.augment)
+    train = SafeImageFolder(Path(args.data) / args.train_split, transform=train_tf, unreadable="replace")
     val = SafeImageFolder(Path(args.data) / args.val_split, transform=create_transform(**config, is_training=False))
     if train.classes != val.classes:
-        raise ValueError(f"train and val classes differ: {len(train.classes)} vs {len(val.classes)} class folders")
+        raise UsageError(f"train and val classes differ: {len(train.classes)} vs {len(val.classes)} class folders")
     return train, val, config
-
-
-def train_one_epoch(model, loader, optimizer, scheduler, criterion, mixup, ema, scaler, epoch, args, device, rank):
-    """One pass over the training shard; returns (mean loss across ranks, images, skipped, seconds)."""
-    model.train()
-    updates = len(loader)
-    loss_sum = seen = skipped = 0.0
-    start = time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
-    for step, batch in enumerate(bar):
-        if batch is None:
-            continue
-        images, targets, bad = batch
-        skipped += bad
-        if mixup is not None and len(targets) % 2:  # Mixup pairs samples; drop one after a skipped image
-            images, targets = images[:-1], targets[:-1]
-        if len(targets) == 0:
-            continue
-        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        if mixup is not None:
-            images, targets = mixup(images, targets)
-        with autocast(device, args.amp):
-            loss = criterion(model(images).float(), targets)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at epoch {epoch} step {step}; stopping")
-        optimizer_step(loss, model, optimizer, scaler, args.clip_grad)
-        scheduler.step_update(num_updates=epoch * updates + step + 1)
-        if ema is not None:
-            ema.update(
-                model.module if isinstance(model, DistributedDataParallel) else model, step=epoch * updates + step
-            )
-        loss_sum += loss.item() * len(targets)
-        seen += len(targets)
-        elapsed = time.perf_counter() - start
-        bar.set_postfix(
-            loss=f"{loss.item():.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}", ips=f"{seen / elapsed:.1f}"
-        )
-    seconds = time.perf_counter() - start
-    loss_sum, seen, skipped = all_reduce_sum([loss_sum, seen, skipped], device)
-    return loss_sum / max(seen, 1), int(seen), int(skipped), seconds
 
 
 def run_train(args) -> list[dict]:
@@ -128,7 +86,6 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     model.to(device)
     global_batch = args.batch_size * world
     lr = args.lr if args.lr is not None else args.base_lr * global_batch / 512
-    optimizer = create_optimizer_v2(model, opt=args.opt, lr=lr, weight_decay=args.weight_decay)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(
         train_set,
@@ -136,25 +93,20 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
         sampler=sampler,
         num_workers=args.workers,
         drop_last=True,
-        collate_fn=collate_skip_none,
+        collate_fn=collate_images,
         pin_memory=device.type == "cuda",
         persistent_workers=False,
     )
     if len(loader) == 0:
-        raise ValueError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world)
-    scheduler, _ = create_scheduler_v2(
-        optimizer,
-        sched="cosine",
-        num_epochs=args.epochs,
-        warmup_epochs=args.warmup_epochs,
-        warmup_lr=args.warmup_lr,
-        min_lr=args.min_lr,
-        step_on_epochs=False,
-        updates_per_epoch=len(loader),
-    )
+    optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device, lr)
     mixup = None
     if args.mixup > 0 or args.cutmix > 0:
+        if args.batch_size % 2:
+            raise UsageError(
+                f"Mixup/CutMix pair the images of a batch: --batch-size must be even, got {args.batch_size}"
+            )
         mixup = Mixup(
             mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, label_smoothing=args.smoothing, num_classes=num_classes
         )
@@ -164,7 +116,6 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     else:
         criterion = nn.CrossEntropyLoss()
     ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema else None
-    scaler = torch.amp.GradScaler(device.type) if args.amp == "fp16" else None
 
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, ema, scaler, rank)
     run_info = {
@@ -191,22 +142,30 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
         )
     train_net = compile_model(wrap_ddp(model, world, device), args.compile)
     eval_net = compile_model(model, args.compile)
-    skipped_in_training = 0
+    replaced = torch.zeros((), dtype=torch.int64)  # undecodable training images replaced this epoch (this rank)
+
+    def batch_loss(batch) -> tuple[torch.Tensor, int]:
+        images, targets, passed_over = batch
+        replaced.add_(passed_over)
+        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if mixup is not None:
+            images, targets = mixup(images, targets)
+        with autocast(device, args.amp):
+            return criterion(train_net(images).float(), targets), len(images)
+
+    def after_step(step: int) -> None:
+        if ema is not None:
+            ema.update(model, step=step)
 
     def train_epoch(epoch: int) -> dict:
-        nonlocal skipped_in_training
-        train_loss, seen, skipped_in_training, seconds = train_one_epoch(
-            train_net, loader, optimizer, scheduler, criterion, mixup, ema, scaler, epoch, args, device, rank
+        replaced.zero_()
+        record = train_pass(
+            train_net, loader, batch_loss, optimizer, scheduler, scaler, epoch, args, device, rank, after_step
         )
-        scheduler.step(epoch + 1)
-        if rank == 0 and skipped_in_training:
-            print(f"epoch {epoch}: skipped {skipped_in_training} unreadable images")
-        return {
-            "train_loss": train_loss,
-            "lr": optimizer.param_groups[0]["lr"],
-            "epoch_seconds": seconds,
-            "images_per_second": seen / seconds if seconds > 0 else None,
-        }
+        record["replaced_images"] = int(all_reduce_sum([int(replaced)], device)[0])
+        if rank == 0 and record["replaced_images"]:
+            print(f"epoch {epoch}: replaced {record['replaced_images']} undecodable training images")
+        return record
 
     def evaluate_epoch(epoch: int) -> dict:
         val = evaluate(eval_net, val_loader, device, args.amp)
@@ -214,7 +173,7 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
             "val_top1": val["top1"],
             "val_top5": val["top5"],
             "val_loss": val["loss"],
-            "skipped_images": skipped_in_training + val["skipped"],
+            "skipped_images": val["skipped"],
         }
         if ema is not None:
             ema_val = evaluate(ema.module, val_loader, device, args.amp)

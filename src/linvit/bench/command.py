@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UsageError
 from ..models.variants import split_name
 from ..utils import COMPILE_MODES
 from ..utils.flops import count_flops
@@ -25,7 +26,7 @@ def run_bench(args) -> None:
     elif args.models:
         plans = [_flag_plan(args)]
     else:
-        raise ValueError("give --models (comma list) or --suite")
+        raise UsageError("give --models (comma list) or --suite")
     for plan in plans:
         if args.suite:
             print(f"== suite {plan['name']}")
@@ -104,15 +105,15 @@ def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, bat
         split_name(spec)  # fail fast on an unknown variant
     for mode in compiles:
         if mode not in COMPILE_MODES:
-            raise ValueError(f"--compile takes {', '.join(COMPILE_MODES)}, got {mode!r}")
+            raise UsageError(f"--compile takes {', '.join(COMPILE_MODES)}, got {mode!r}")
     if min(batches) < 1:
-        raise ValueError(f"--batch must be positive, got {batches}")
+        raise UsageError(f"--batch must be positive, got {batches}")
     if common["device"] == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but torch sees no CUDA device")
+        raise UsageError("--device cuda requested but torch sees no CUDA device")
     extra = {"command": command, "settings": {**common, "batch": batches, "compile": compiles}}
     if ladder_mode:
         if len(batches) > 1 or len(compiles) > 1:
-            raise ValueError("--ladder takes one --batch and one --compile mode")
+            raise UsageError("--ladder takes one --batch and one --compile mode")
         point = dict(common, batch=batches[0], compile=compiles[0])
         records, extra["ladder_max_res"] = ladder(models, res[0], point, timeout, mem_limit)
     else:
@@ -134,7 +135,7 @@ def run_models(args) -> None:
 
     names = list_models(args.filter)
     if not names:
-        raise ValueError(f"no model matches {args.filter!r}")
+        raise UsageError(f"no model matches {args.filter!r}")
     rows = []
     x = torch.zeros(1, 3, args.img_size, args.img_size)
     for name in names:

@@ -18,6 +18,7 @@ import torch
 
 import linvit  # noqa: F401  (registers the models)
 
+from ..errors import UsageError
 from ..models.variants import create_any_size
 from ..utils import compile_model
 from ..utils.flops import count_flops
@@ -82,7 +83,7 @@ def measure(spec: dict) -> dict:
         from ..detect import create_detector
 
         if mode != "infer":
-            raise ValueError("--task detect measures inference only")
+            raise UsageError("--task detect measures inference only")
         width = round(res * COCO_ASPECT)
         model = create_detector(spec["model"], DETECT_CLASSES, min_size=res, max_size=width, **kwargs)
         target_shape = (batch,)

@@ -7,6 +7,8 @@ the ``gpu_*`` ones (bf16 on CUDA, batch 1 and 32, eager and CUDA-graph compiled;
 
 from __future__ import annotations
 
+from ..errors import UsageError
+
 FOUR_LAYER = [
     "vit_4l_patch16_224",
     "vit_4l_patch16_224:naive",
@@ -134,5 +136,5 @@ def suite_names(choice: str) -> list[str]:
     if choice == "gpu":
         return [n for n in SUITES if n.startswith("gpu_")]
     if choice not in SUITES:
-        raise ValueError(f"unknown suite {choice!r}; choose from all, gpu, {', '.join(SUITES)}")
+        raise UsageError(f"unknown suite {choice!r}; choose from all, gpu, {', '.join(SUITES)}")
     return [choice]

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 from timm.layers import trunc_normal_
 
+from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
 from .timm_model import mark_converted
@@ -76,7 +77,7 @@ def _patterns(value: str | Sequence[str] | None) -> list[str] | None:
         try:
             re.compile(p)
         except re.error as err:
-            raise ValueError(f"invalid name pattern {p!r}: {err}") from err
+            raise UsageError(f"invalid name pattern {p!r}: {err}") from err
     return patterns
 
 
@@ -169,9 +170,9 @@ def convert(
         cross-attention, unmappable weights); the model is then left unchanged.
     """
     if variant not in LAYERS:
-        raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+        raise UsageError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if not 0.0 < gamma_init < 1.0:
-        raise ValueError(f"gamma_init must lie in (0, 1), got {gamma_init}")
+        raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
     include, exclude = _patterns(include), _patterns(exclude)
     adapters = builtin_adapters()
     if isinstance(target_types, Mapping):
@@ -180,7 +181,7 @@ def convert(
         wanted = tuple(target_types)
         missing = [t.__name__ for t in wanted if adapter_for(t, adapters) is None]
         if missing:
-            raise ValueError(f"no adapter for {missing}; pass target_types as a mapping {{type: adapter}}")
+            raise UsageError(f"no adapter for {missing}; pass target_types as a mapping {{type: adapter}}")
         adapters = {t: adapter_for(t, adapters) for t in wanted}
 
     report = ConversionReport(variant, gamma_init, include, exclude)
@@ -211,12 +212,12 @@ def convert(
             layer = build_layer(variant, weights, gamma_init, copy_weights)
         except UnmappableAttention as err:
             message = str(err) if str(err).startswith(label + ":") else f"{label}: {err}"
-            raise ValueError(f"cannot convert {message}") from err
+            raise UsageError(f"cannot convert {message}") from err
         replacement = adapter.wrap(layer, module, label) if hasattr(adapter, "wrap") else layer
         plan.append((name, replacement))
         report.converted.append(ConvertedModule(label, _qualname(module), weights.num_heads, weights.dim))
     if not plan:
-        raise ValueError(f"no attention layer to convert in {type(model).__name__}:\n{report}")
+        raise UsageError(f"no attention layer to convert in {type(model).__name__}:\n{report}")
     if plan[0][0] == "":
         model = plan[0][1]  # the model is itself one attention module
     else:
@@ -248,5 +249,5 @@ def convert_report(model: nn.Module) -> ConversionReport:
     """The report convert() attached to the model (raises ValueError if it was not converted)."""
     report = getattr(model, "linvit_conversion", None)
     if report is None:
-        raise ValueError(f"{type(model).__name__} was not converted with linvit.convert")
+        raise UsageError(f"{type(model).__name__} was not converted with linvit.convert")
     return report

@@ -2,7 +2,7 @@
 
 from .boxes import boxes_for, load_boxes, read_voc_xml
 from .cluttered_mnist import build_cluttered_mnist, load_mnist_5k
-from .folder import SafeImageFolder, collate_skip_none
+from .folder import SafeImageFolder, collate_images
 
 __all__ = [
     "build_cluttered_mnist",
@@ -11,5 +11,5 @@ __all__ = [
     "read_voc_xml",
     "boxes_for",
     "SafeImageFolder",
-    "collate_skip_none",
+    "collate_images",
 ]

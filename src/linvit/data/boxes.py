@@ -10,6 +10,8 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from ..errors import UsageError
+
 Boxes = dict[str, list[list[float]]]
 
 
@@ -18,7 +20,7 @@ def read_voc_xml(path: str | Path) -> tuple[str, list[list[float]]]:
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError as err:
-        raise ValueError(f"{path}: not a valid VOC XML file ({err})") from err
+        raise UsageError(f"{path}: not a valid VOC XML file ({err})") from err
     name = (root.findtext("filename") or Path(path).stem).strip()
     boxes = []
     for obj in root.iter("object"):
@@ -36,24 +38,24 @@ def load_boxes(source: str | Path) -> Boxes:
     if source.is_dir():
         files = sorted(source.rglob("*.xml"))
         if not files:
-            raise ValueError(f"{source}: no .xml annotation files found")
+            raise UsageError(f"{source}: no .xml annotation files found")
         return dict(read_voc_xml(f) for f in files)
     if not source.is_file():
-        raise ValueError(f"{source}: no such boxes file or folder")
+        raise UsageError(f"{source}: no such boxes file or folder")
     try:
         raw = json.loads(source.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{source}: not a JSON file ({err})") from err
+        raise UsageError(f"{source}: not a JSON file ({err})") from err
     if not isinstance(raw, dict):
-        raise ValueError(f"{source}: expected an object {{image: [[xmin, ymin, xmax, ymax], ...]}}")
+        raise UsageError(f"{source}: expected an object {{image: [[xmin, ymin, xmax, ymax], ...]}}")
     boxes = {}
     for key, value in raw.items():
         try:
             boxes[key] = [[float(c) for c in box] for box in value]
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{source}: entry {key!r} is not a list of [xmin, ymin, xmax, ymax]: {value!r}") from err
+            raise UsageError(f"{source}: entry {key!r} is not a list of [xmin, ymin, xmax, ymax]: {value!r}") from err
         if any(len(box) != 4 for box in boxes[key]):
-            raise ValueError(f"{source}: entry {key!r} has a box without 4 corners: {value!r}")
+            raise UsageError(f"{source}: entry {key!r} has a box without 4 corners: {value!r}")
     return boxes
 
 

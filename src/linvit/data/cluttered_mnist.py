@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from ..errors import UsageError
 from ..utils.paths import output_dir
 
 DIGIT = 28
@@ -37,18 +38,18 @@ def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
 
 def _check_layout(canvas: int, per_class_train: int, per_class_val: int, clutter: int) -> None:
     if canvas < DIGIT:
-        raise ValueError(f"canvas must be at least {DIGIT} pixels (one MNIST digit), got {canvas}")
+        raise UsageError(f"canvas must be at least {DIGIT} pixels (one MNIST digit), got {canvas}")
     if per_class_train < 1 or per_class_val < 1:
-        raise ValueError("per_class_train and per_class_val must be >= 1")
+        raise UsageError("per_class_train and per_class_val must be >= 1")
     if clutter < 0:
-        raise ValueError(f"clutter must be >= 0, got {clutter}")
+        raise UsageError(f"clutter must be >= 0, got {clutter}")
 
 
 def _class_pools(labels: np.ndarray, rng: np.random.Generator, per_class_train: int, per_class_val: int):
     """(class, train digit indices, val digit indices) per class: disjoint digits, shuffled by rng."""
     available = int(np.bincount(labels).min())
     if per_class_train + per_class_val > available:
-        raise ValueError(
+        raise UsageError(
             f"per_class_train + per_class_val = {per_class_train + per_class_val} exceeds the {available} "
             "digits per class in the bundled sample (train and val use disjoint digits)"
         )
@@ -153,7 +154,7 @@ def build_detection_set(
     split, train and val from disjoint digits), so `linvit detect train --data DIR/detection` runs offline.
     """
     if digits_per_image < 1:
-        raise ValueError(f"digits_per_image must be >= 1, got {digits_per_image}")
+        raise UsageError(f"digits_per_image must be >= 1, got {digits_per_image}")
     _check_layout(canvas, per_class_train, per_class_val, clutter)
     digits, labels = load_mnist_5k()
     rng = np.random.default_rng(seed + 1)

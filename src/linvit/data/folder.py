@@ -1,4 +1,10 @@
-"""ImageNet-layout folders (root/<split>/<class>/<image>) with unreadable images skipped and counted."""
+"""ImageNet-layout folders (root/<split>/<class>/<image>) where an image that cannot be decoded never stops a run.
+
+Training replaces such an image with the next decodable one of the split (``unreadable="replace"``), so every
+batch keeps its size and every rank takes the same steps (skipping a batch on one rank desynchronises DDP's
+gradient all-reduce); evaluation leaves it out (``"skip"``), so no image is scored twice. Both count it. Only
+decoding errors count as unreadable: an error in a transform is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,42 +12,67 @@ import warnings
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch.utils.data import default_collate
 from torchvision.datasets import ImageFolder
 
+from ..errors import UsageError
+
+# what PIL raises for truncated, corrupt or foreign files (UnidentifiedImageError is an OSError)
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+MAX_REPLACEMENTS = 100  # consecutive undecodable files before the split is declared broken
+
 
 class SafeImageFolder(ImageFolder):
-    """torchvision ImageFolder whose unreadable or corrupt images yield None (with a warning).
+    """torchvision ImageFolder that replaces (training) or skips (evaluation) images it cannot decode.
 
-    Pair it with ``collate_skip_none``, which drops those samples from the batch and reports how many
-    were skipped, so one bad file never stops a long run.
+    Items are (image, target, unreadable): with "replace", unreadable is how many files were passed over to
+    find a decodable one; with "skip", an undecodable file gives None (see ``collate_images``).
     """
 
-    def __init__(self, root: str | Path, transform=None) -> None:
+    def __init__(self, root: str | Path, transform=None, unreadable: str = "skip") -> None:
+        if unreadable not in ("skip", "replace"):
+            raise UsageError(f"unreadable must be 'skip' or 'replace', got {unreadable!r}")
         root = Path(root)
         if not root.is_dir():
-            raise ValueError(f"{root}: split folder not found")
+            raise UsageError(f"{root}: split folder not found")
         try:
             super().__init__(str(root), transform=transform, allow_empty=False)
         except FileNotFoundError as err:
-            raise ValueError(f"{root}: empty split ({err})") from err
+            raise UsageError(f"{root}: empty split ({err})") from err
+        self.unreadable = unreadable
+
+    def decode(self, index: int):
+        """The decoded image at index, or None (with a warning) when its file cannot be decoded."""
+        path = self.samples[index][0]
+        try:
+            return self.loader(path)
+        except DECODE_ERRORS as err:
+            warnings.warn(f"unreadable image {path}: {type(err).__name__}: {err}", stacklevel=2)
+            return None
 
     def __getitem__(self, index: int):
-        path, target = self.samples[index]
-        try:
-            image = self.loader(path)
-            if self.transform is not None:
-                image = self.transform(image)
-        except Exception as err:  # noqa: BLE001 - PIL raises many types for corrupt files
-            warnings.warn(f"skipping unreadable image {path}: {type(err).__name__}: {err}", stacklevel=2)
+        passed_over = 0
+        image = self.decode(index)
+        while image is None and self.unreadable == "replace":
+            passed_over += 1
+            if passed_over > min(MAX_REPLACEMENTS, len(self) - 1):
+                raise UsageError(f"{self.root}: {passed_over} undecodable images in a row; is the split corrupt?")
+            index = (index + 1) % len(self)
+            image = self.decode(index)
+        if image is None:
             return None
-        return image, target
+        target = self.samples[index][1]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, target, passed_over
 
 
-def collate_skip_none(batch: list) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-    """default_collate over the readable samples; returns (images, targets, skipped) or None if all failed."""
+def collate_images(batch: list) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """(images, targets, unreadable) over the decodable samples, None if there are none; unreadable counts the
+    files passed over (replaced) or left out (skipped)."""
     good = [item for item in batch if item is not None]
     if not good:
         return None
-    images, targets = default_collate(good)
-    return images, targets, len(batch) - len(good)
+    images, targets = default_collate([(image, target) for image, target, _ in good])
+    return images, targets, len(batch) - len(good) + sum(passed for _, _, passed in good)

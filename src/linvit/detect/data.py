@@ -22,17 +22,19 @@ from pycocotools.coco import COCO
 from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
+from ..errors import UsageError
+
 
 def open_coco(ann_file: str | Path):
     """pycocotools' COCO index of an instances json, quietly, with one-line errors."""
     path = Path(ann_file)
     if not path.is_file():
-        raise ValueError(f"{path}: annotation file not found")
+        raise UsageError(f"{path}: annotation file not found")
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             return COCO(str(path))
     except Exception as err:  # noqa: BLE001 - malformed json, missing keys
-        raise ValueError(f"{path}: not a COCO instances file ({type(err).__name__}: {err})") from err
+        raise UsageError(f"{path}: not a COCO instances file ({type(err).__name__}: {err})") from err
 
 
 def find_coco_split(root: str | Path, split: str) -> tuple[Path, Path]:
@@ -42,7 +44,7 @@ def find_coco_split(root: str | Path, split: str) -> tuple[Path, Path]:
     ann, images = root / "annotations" / f"instances_{split}.json", root / split
     for path in (ann, images):
         if not path.exists():
-            raise ValueError(f"{path} not found: expected ROOT/annotations/instances_{split}.json and ROOT/{split}/")
+            raise UsageError(f"{path} not found: expected ROOT/annotations/instances_{split}.json and ROOT/{split}/")
     return images, ann
 
 
@@ -59,10 +61,10 @@ class CocoDetection(Dataset):
         self.images, self.train, self.masks, self.hflip = Path(images), train, masks, hflip
         self.coco = open_coco(ann_file)
         if not self.coco.dataset.get("images"):
-            raise ValueError(f"{ann_file}: holds no images")
+            raise UsageError(f"{ann_file}: holds no images")
         self.category_ids = sorted(self.coco.getCatIds())
         if not self.category_ids:
-            raise ValueError(f"{ann_file}: holds no categories")
+            raise UsageError(f"{ann_file}: holds no categories")
         self.label_of = {c: i + 1 for i, c in enumerate(self.category_ids)}
         self.class_names = [self.coco.cats[c]["name"] for c in self.category_ids]
         self.ids = sorted(self.coco.getImgIds())
@@ -80,7 +82,7 @@ class CocoDetection(Dataset):
         kept = []
         for ann in self.coco.imgToAnns.get(image_id, []):
             if ann["category_id"] not in self.label_of:
-                raise ValueError(
+                raise UsageError(
                     f"{ann_file}: annotation {ann.get('id')} has category id {ann['category_id']}, "
                     f"not one of the file's categories {self.category_ids}"
                 )

@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from ..distributed import cleanup, init_distributed, is_distributed
-from ..engine import dense_recipe, resume_run, run_epochs, train_pass, training_state, wrap_ddp, write_run_config
+from ..engine import resume_run, run_epochs, train_pass, training_recipe, training_state, wrap_ddp, write_run_config
+from ..errors import UsageError
 from ..evaluate import autocast, eval_loader, load_weights, write_json
 from ..utils import output_dir
 from ..utils.artifacts import use_run_folder
@@ -105,7 +106,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     seed_everything(args.seed)
     train_set, val_set = dataset(args, args.train_split, True), dataset(args, args.val_split, False)
     if train_set.category_ids != val_set.category_ids:
-        raise ValueError(f"train and val categories differ: {train_set.category_ids} vs {val_set.category_ids}")
+        raise UsageError(f"train and val categories differ: {train_set.category_ids} vs {val_set.category_ids}")
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(
         train_set,
@@ -116,10 +117,10 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         collate_fn=collate_detection,
     )
     if len(loader) == 0:
-        raise ValueError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_detection)
     model = build_detector(args, train_set.num_classes).to(device)
-    optimizer, scheduler, scaler = dense_recipe(model, args, len(loader), device)
+    optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
     net = wrap_ddp(model, world, device)
     run_info = {

@@ -17,6 +17,7 @@ from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 
 from ..conversion import convert_if_asked
+from ..errors import UsageError
 from ..evaluate import load_backbone
 from ..models.pyramid import create_pyramid
 
@@ -78,9 +79,9 @@ def create_detector(
         grad_checkpointing: recompute backbone blocks in backward (timm's set_grad_checkpointing).
     """
     if kind not in KINDS:
-        raise ValueError(f"unknown detector {kind!r}; choose from {', '.join(KINDS)}")
+        raise UsageError(f"unknown detector {kind!r}; choose from {', '.join(KINDS)}")
     if num_classes < 2:
-        raise ValueError(f"num_classes counts the background too and must be >= 2, got {num_classes}")
+        raise UsageError(f"num_classes counts the background too and must be >= 2, got {num_classes}")
     pyramid = create_pyramid(backbone_name, out_channels=pyramid_channels, **backbone_kwargs)
     if backbone_checkpoint:
         load_backbone(pyramid.backbone, backbone_checkpoint)

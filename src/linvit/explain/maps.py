@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import Attention
 
+from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from ..models import WeightFormer
 from ..ops import (
@@ -83,7 +84,7 @@ def attention_mixers(model: nn.Module, method: str) -> list[nn.Module]:
     mixers = [m for m in model.modules() if isinstance(m, wanted)]
     if not mixers:
         names = ", ".join(w.__name__ for w in wanted)
-        raise ValueError(f"method {method!r} needs {names} layers; {type(model).__name__} has none (try method='grad')")
+        raise UsageError(f"method {method!r} needs {names} layers; {type(model).__name__} has none (try method='grad')")
     return mixers
 
 
@@ -140,7 +141,7 @@ def check_dense_fits(mixer: nn.Module, x: torch.Tensor, method: str) -> None:
     B, N = x.shape[:2]
     need = _dense_bytes(B, mixer.num_heads, N)
     if need > DENSE_MAP_MAX_BYTES:
-        raise ValueError(
+        raise UsageError(
             f"method {method!r} on {type(mixer).__name__} forms dense {N} x {N} float64 matrices "
             f"({need / 2**30:.0f} GiB for {B} image(s)); use method='column', 'linear' or 'grad' at this size, "
             "or a smaller image"
@@ -180,7 +181,7 @@ def layer_scores(mixer: nn.Module, x: torch.Tensor, method: str) -> torch.Tensor
             return katz_kernel(A, mixer.gamma.double()).sum(-2).mean(1)
         if method == "perron":
             return perron_vector_dense(A).mean(1)
-    raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    raise UsageError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
 def _grid(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
@@ -234,7 +235,7 @@ def importance_maps(
     """
     method = method or default_method(model, _grid_tokens(model, images))
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        raise UsageError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     was_training = model.training
     model.eval()
     try:

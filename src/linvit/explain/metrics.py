@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 from sklearn.metrics import average_precision_score, roc_auc_score
 
+from ..errors import UsageError
+
 
 def box_mask(boxes: list[list[float]], height: int, width: int) -> np.ndarray:
     """Boolean (H, W) mask of pixels inside any box ([xmin, ymin, xmax, ymax], max exclusive)."""
@@ -77,12 +79,12 @@ def perturbation_curves(
         order: "morf" or "lerf".
     """
     if order not in ("morf", "lerf"):
-        raise ValueError(f"order must be 'morf' or 'lerf', got {order!r}")
+        raise UsageError(f"order must be 'morf' or 'lerf', got {order!r}")
     ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
     B, C, H, W = images.shape
     h, w = patch_maps.shape[-2:]
     if (h * ph, w * pw) != (H, W):
-        raise ValueError(f"a {h}x{w} map of {ph}x{pw} patches does not tile a {H}x{W} image")
+        raise UsageError(f"a {h}x{w} map of {ph}x{pw} patches does not tile a {H}x{W} image")
     fill = images.mean(dim=(0, 2, 3)) if fill is None else fill
     ranking = patch_maps.reshape(B, -1).argsort(dim=1, descending=order == "morf")
     total = h * w

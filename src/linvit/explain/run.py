@@ -10,6 +10,7 @@ import torch
 from timm.data import create_transform, resolve_data_config
 
 from ..data import SafeImageFolder, boxes_for, load_boxes
+from ..errors import UsageError
 from ..evaluate import load_weights, write_json
 from ..models import create_variant
 from ..utils.paths import output_dir
@@ -44,7 +45,7 @@ def load_model_and_images(args, limit: int, need_targets: bool = True):
     items = [(i, dataset[i]) for i in indices]
     items = [(i, item) for i, item in items if item is not None]
     if not items:
-        raise ValueError(f"{root}: no readable images")
+        raise UsageError(f"{root}: no readable images")
     images = torch.stack([item[0] for _, item in items])
     targets = torch.tensor([item[1] for _, item in items])
     paths = [dataset.samples[i][0] for i, _ in items]
@@ -137,7 +138,7 @@ def run_explain(args) -> dict:
     boxes_src = args.boxes or Path(args.data) / "boxes.json"
     all_boxes = load_boxes(boxes_src) if Path(boxes_src).exists() else None
     if args.boxes and all_boxes is None:
-        raise ValueError(f"{args.boxes}: boxes not found")
+        raise UsageError(f"{args.boxes}: boxes not found")
     from PIL import Image
 
     boxes = []

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
+from ..errors import UsageError
 from ..ops.common import autocast_dtype, no_autocast
 from .graph_capture import stateless_call
 
@@ -91,7 +92,7 @@ class DynamicLinear(nn.Module):
     ) -> None:
         super().__init__()
         if predictor not in LINEAR_PREDICTORS:
-            raise ValueError(f"unknown predictor {predictor!r}; choose from {LINEAR_PREDICTORS}")
+            raise UsageError(f"unknown predictor {predictor!r}; choose from {LINEAR_PREDICTORS}")
         out_features = out_features or in_features
         self.in_features, self.out_features = in_features, out_features
         self.predictor = predictor
@@ -255,7 +256,7 @@ class DynamicDWConv(nn.Module):
     def __init__(self, dim: int, predictor: str = "adaptive", kernel_size: int = 3) -> None:
         super().__init__()
         if predictor not in CONV_PREDICTORS:
-            raise ValueError(f"unknown predictor {predictor!r}; choose from {CONV_PREDICTORS}")
+            raise UsageError(f"unknown predictor {predictor!r}; choose from {CONV_PREDICTORS}")
         self.dim, self.predictor, self.kernel_size = dim, predictor, kernel_size
         taps = 1 if predictor == "adaptive" else kernel_size * kernel_size
         self.w = nn.Parameter(torch.empty(dim, 1, kernel_size, kernel_size))

@@ -31,8 +31,14 @@ def stateless_call() -> bool:
 def is_fx_tracing() -> bool:
     """torch.fx.symbolic_trace (torchvision's create_feature_extractor) is running: values are Proxies."""
     if not torch.jit.is_scripting():
-        return torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+        return _fx_symbolic_tracing()
     return False
+
+
+def _fx_symbolic_tracing() -> bool:
+    """torch >= 2.9 tells symbolic tracing apart (is_fx_symbolic_tracing); before, is_fx_tracing meant just that."""
+    trace = torch.fx._symbolic_trace
+    return trace.is_fx_symbolic_tracing() if hasattr(trace, "is_fx_symbolic_tracing") else trace.is_fx_tracing()
 
 
 def call_eagerly(module: torch.nn.Module, *args):

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import UsageError
 from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops.common import no_autocast
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
@@ -30,7 +31,7 @@ FEATURE_MAPS = ("relu", "elu+1")
 def check_choice(name: str, value: object, choices: tuple) -> None:
     """A one-line ValueError at construction for an option a forward would only reject later."""
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
+        raise UsageError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
 
 
 class FoldedWeights(NamedTuple):
@@ -64,11 +65,11 @@ class _InfSABase(nn.Module):
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+            raise UsageError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         if not 0.0 < gamma_init < 1.0:
-            raise ValueError(f"gamma_init must lie in (0, 1), got {gamma_init}")
+            raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
         if (qk_norm or scale_norm) and norm_layer is None:
-            raise ValueError("norm_layer must be given when qk_norm or scale_norm is set")
+            raise UsageError("norm_layer must be given when qk_norm or scale_norm is set")
         dd = {k: kwargs.pop(k) for k in ("device", "dtype") if k in kwargs}
         kwargs.pop("depth", None)
         if kwargs:
@@ -121,7 +122,7 @@ class PureInfSAAttention(_InfSABase):
     def __init__(self, dim: int, num_heads: int = 8, *, impl: str = "auto", block_size: int | None = None, **kwargs):
         check_choice("impl", impl, PURE_IMPLS)
         if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
-            raise ValueError(f"block_size must be a positive int or None; got {block_size!r}")
+            raise UsageError(f"block_size must be a positive int or None; got {block_size!r}")
         super().__init__(dim, num_heads, **kwargs)
         self.impl = impl
         self.block_size = block_size
@@ -289,7 +290,7 @@ class KatzInfSAAttention(_InfSABase):
 
     def __init__(self, dim: int, num_heads: int = 8, *, feature_map: str = "relu", **kwargs):
         if kwargs.get("attn_drop", 0.0):
-            raise ValueError("Katz-InfSA never forms the attention matrix; attn_drop must be 0")
+            raise UsageError("Katz-InfSA never forms the attention matrix; attn_drop must be 0")
         check_choice("feature_map", feature_map, FEATURE_MAPS)
         super().__init__(dim, num_heads, **kwargs)
         self.feature_map = feature_map

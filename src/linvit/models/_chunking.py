@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UsageError
 from ..layers.graph_capture import stateless_call
 
 # Inputs of at least AUTO_CHUNK_MIN_TOKENS tokens (a 4096 x 4096 image at patch 16) run in chunks of
@@ -21,7 +22,7 @@ def check_token_chunk(setting: object) -> None:
         or (isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0)
     ):
         return
-    raise ValueError(f"token_chunk must be 'auto', None, 0 or a positive int; got {setting!r}")
+    raise UsageError(f"token_chunk must be 'auto', None, 0 or a positive int; got {setting!r}")
 
 
 def resolve_token_chunk(setting: int | str | None, num_tokens: int) -> int | None:

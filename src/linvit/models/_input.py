@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from timm.layers import PatchEmbed
 
+from ..errors import UsageError
 from ..layers.graph_capture import parent_method
 
 
@@ -29,25 +30,25 @@ def check_image_batch(
     if isinstance(x, torch.fx.Proxy):  # symbolic tracing: shapes are unknown until the graph runs
         return
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"expected a torch.Tensor image batch, got {type(x).__name__}")
+        raise UsageError(f"expected a torch.Tensor image batch, got {type(x).__name__}")
     if x.dim() != 4:
-        raise ValueError(f"expected a 4-D (B, C, H, W) image batch, got a {x.dim()}-D tensor of shape {tuple(x.shape)}")
+        raise UsageError(f"expected a 4-D (B, C, H, W) image batch, got a {x.dim()}-D tensor of shape {tuple(x.shape)}")
     _, C, H, W = x.shape
     if C != in_chans:
-        raise ValueError(f"expected {in_chans} input channels, got {C} (input shape {tuple(x.shape)})")
+        raise UsageError(f"expected {in_chans} input channels, got {C} (input shape {tuple(x.shape)})")
     if fixed_size is not None and (H, W) != tuple(fixed_size):
-        raise ValueError(
+        raise UsageError(
             f"input size {H}x{W} differs from the model's fixed size {fixed_size[0]}x{fixed_size[1]}; "
             "create the model with dynamic_img_size=True to accept other sizes"
         )
     ph, pw = patch_size
     if not pad and (H % ph or W % pw):
-        raise ValueError(
+        raise UsageError(
             f"input size {H}x{W} is not divisible by the patch size {ph}x{pw}; "
             "resize the input or create the model with dynamic_img_pad=True"
         )
     if check_finite and not torch.isfinite(x).all():
-        raise ValueError("input contains NaN or Inf values")
+        raise UsageError("input contains NaN or Inf values")
 
 
 class CheckedPatchEmbed(PatchEmbed):

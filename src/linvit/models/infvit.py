@@ -13,6 +13,7 @@ from timm.layers import Attention, resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
+from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.graph_capture import is_fx_tracing, parent_method, stateless_call
 from ..layers.infsa_attention import FEATURE_MAPS, PURE_IMPLS, check_choice
@@ -59,7 +60,7 @@ class InfViT(VisionTransformer):
         **kwargs,
     ) -> None:
         if mixer not in MIXERS:
-            raise ValueError(f"unknown mixer {mixer!r}; choose from {sorted(MIXERS)}")
+            raise UsageError(f"unknown mixer {mixer!r}; choose from {sorted(MIXERS)}")
         check_choice("attn_impl", attn_impl, PURE_IMPLS)
         check_choice("fold_kv", fold_kv, (True, False))
         check_choice("feature_map", feature_map, FEATURE_MAPS)

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 from timm.layers import LayerNorm2d
 
+from ..errors import UsageError
 from .variants import create_any_size
 
 SCALES = (4.0, 2.0, 1.0, 0.5)
@@ -38,7 +39,7 @@ def _level(scale: float, dim: int) -> nn.Sequential:
         return nn.Sequential()
     if scale == 0.5:
         return nn.Sequential(nn.MaxPool2d(2, stride=2))
-    raise ValueError(f"unsupported pyramid scale {scale}; choose from {SCALES}")
+    raise UsageError(f"unsupported pyramid scale {scale}; choose from {SCALES}")
 
 
 class SimpleFeaturePyramid(nn.Module):
@@ -53,7 +54,7 @@ class SimpleFeaturePyramid(nn.Module):
     def __init__(self, backbone: nn.Module, out_channels: int = 256, scales: tuple[float, ...] = SCALES) -> None:
         super().__init__()
         if not hasattr(backbone, "forward_intermediates"):
-            raise ValueError(f"{type(backbone).__name__} has no forward_intermediates; it cannot feed a pyramid")
+            raise UsageError(f"{type(backbone).__name__} has no forward_intermediates; it cannot feed a pyramid")
         if hasattr(backbone, "prune_intermediate_layers"):  # drop the final norm and head: no unused parameters
             backbone.prune_intermediate_layers(1, prune_norm=True, prune_head=True)
         self.backbone = backbone

@@ -23,12 +23,13 @@ import torch.nn as nn
 from timm.layers import Attention
 from timm.models import is_model, parse_model_name, split_model_name_tag
 
+from ..errors import UsageError
 from ..layers import LinearInfSAAttention, PureInfSAAttention
 
 VARIANTS = ("naive", "fused", "unfolded", "folded", "dense", "chunked")
 
 
-class ModelArgumentError(ValueError, TypeError):
+class ModelArgumentError(UsageError, TypeError):
     """A model argument of the wrong kind or value (e.g. --model-kwargs patch_size=banana): a ValueError for
     the command line's one-line errors, and still a TypeError for callers that retry without an argument."""
 
@@ -43,7 +44,7 @@ def split_name(spec: str) -> tuple[str, str | None]:
         if suffix in VARIANTS:
             return base, suffix
         if _is_registered(base):
-            raise ValueError(f"unknown variant {suffix!r} in {spec!r}; choose from {', '.join(VARIANTS)}")
+            raise UsageError(f"unknown variant {suffix!r} in {spec!r}; choose from {', '.join(VARIANTS)}")
     return spec, None
 
 
@@ -54,14 +55,13 @@ def _is_registered(name: str) -> bool:
 def check_model_name(name: str) -> None:
     """ValueError (one line) unless timm can resolve name: a registered name (with or without a pretrained tag),
     hf-hub:REPO or local-dir:PATH (the folder must exist)."""
-    try:
-        source, model = parse_model_name(name)
-    except ValueError as err:  # e.g. an org/repo id without its hf-hub: prefix
-        raise ValueError(str(err)) from None
+    if ":" not in name and "/" in name:  # timm >= 1.0.29 says so too; older ones dropped the org silently
+        raise UsageError(f"{name!r} looks like a Hub repo id or a path: use 'hf-hub:{name}' or 'local-dir:{name}'")
+    source, model = parse_model_name(name)
     if source == "local-dir" and not Path(model).is_dir():
-        raise ValueError(f"{name}: folder {model!r} not found")
+        raise UsageError(f"{name}: folder {model!r} not found")
     if source is None and not is_model(split_model_name_tag(model)[0]):
-        raise ValueError(f"unknown model {name!r} (see `linvit models` or timm.list_models())")
+        raise UsageError(f"unknown model {name!r} (see `linvit models` or timm.list_models())")
 
 
 def create_model(spec: str, **kwargs) -> nn.Module:
@@ -85,7 +85,7 @@ def apply_variant(model: nn.Module, variant: str | None) -> nn.Module:
     }[variant]
     hits = [m for m in model.modules() if isinstance(m, wanted)]
     if not hits:
-        raise ValueError(f"variant {variant!r} needs {wanted.__name__} layers, which this model does not have")
+        raise UsageError(f"variant {variant!r} needs {wanted.__name__} layers, which this model does not have")
     for m in hits:
         if wanted is Attention:
             m.fused_attn = variant == "fused"
@@ -104,11 +104,11 @@ def pretrained_overlay(name: str, path: str | Path) -> dict:
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: pretrained file not found")
+        raise UsageError(f"{path}: pretrained file not found")
     try:
         state = timm.models.load_state_dict(str(path), weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling refusals, corrupt files
-        raise ValueError(f"{path}: cannot read checkpoint safely ({type(err).__name__}: {err})") from err
+        raise UsageError(f"{path}: cannot read checkpoint safely ({type(err).__name__}: {err})") from err
     classifier = timm.models.get_pretrained_cfg(name).classifier if timm.models.get_pretrained_cfg(name) else None
     heads = [classifier] if isinstance(classifier, str) else list(classifier or [])
     weight = state.get(f"{heads[0]}.weight") if heads else None
@@ -143,7 +143,7 @@ def create_variant(
         if pretrained_file is None:
             raise
         detail = " ".join(line.strip() for line in str(err).splitlines()[1:3])
-        raise ValueError(f"{pretrained_file}: does not fit {name}: {detail[:300]}") from err
+        raise UsageError(f"{pretrained_file}: does not fit {name}: {detail[:300]}") from err
     return apply_variant(model, variant)
 
 

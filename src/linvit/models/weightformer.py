@@ -18,6 +18,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
 
+from ..errors import UsageError
 from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, identity_tap
 from ..layers.graph_capture import call_eagerly, is_fx_tracing
@@ -153,10 +154,10 @@ class WeightFormer(nn.Module):
     ) -> None:
         super().__init__()
         if global_pool not in ("avg", ""):
-            raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+            raise UsageError(f"global_pool must be 'avg' or '', got {global_pool!r}")
         if dynamic_blocks is None:
             if dynamic_interval < 0:
-                raise ValueError(f"dynamic_interval must be >= 0, got {dynamic_interval}")
+                raise UsageError(f"dynamic_interval must be >= 0, got {dynamic_interval}")
             k = dynamic_interval
             dynamic_blocks = [i for i in range(depth) if k and (i + k - 1) % k == 0]
         self.dynamic_blocks = sorted(dynamic_blocks)
@@ -343,7 +344,7 @@ def checkpoint_filter_fn(state_dict: dict, model: WeightFormer) -> dict:
     ]
     problems = [p for p in problems if p]
     if problems:
-        raise ValueError("checkpoint does not fit this WeightFormer: " + "; ".join(problems))
+        raise UsageError("checkpoint does not fit this WeightFormer: " + "; ".join(problems))
     return state_dict
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..errors import UsageError
 from ..utils.paths import output_dir
 from .plan import FAMILIES, RECIPES, Recipe, Stage, build_plan
 from .report import write_report
@@ -22,7 +23,7 @@ def run_reproduce(args, execute: Callable[[list[str]], None], recipe: Recipe | N
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError("--device cuda requested but torch sees no CUDA device")
+            raise UsageError("--device cuda requested but torch sees no CUDA device")
     mode = "quick" if args.quick else "full"
     out = output_dir(args.out)
     recipe = recipe or RECIPES[mode]

@@ -24,6 +24,8 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from ..errors import UsageError
+
 IGNORE = 255
 ADE_SPLITS = {"train": "training", "val": "validation"}
 ADE_CLASSES = 150
@@ -67,17 +69,17 @@ def find_split(root: str | Path, split: str) -> SegmentationSplit:
         meta = json.loads((root / "meta.json").read_text()) if (root / "meta.json").is_file() else {}
         layout, names, reduce_zero = "masks", meta.get("mask_classes"), False
         if not names:
-            raise ValueError(f"{root}/meta.json must list mask_classes (the label of each mask value)")
+            raise UsageError(f"{root}/meta.json must list mask_classes (the label of each mask value)")
     else:
-        raise ValueError(
+        raise UsageError(
             f"{root}: no segmentation data for split {split!r} (expected images/ + annotations/ as in ADE20K, "
             f"or {split}/ + masks/{split}/ as written by `linvit data cluttered-mnist`)"
         )
     if not pairs:
-        raise ValueError(f"{root}: split {split!r} has no images")
+        raise UsageError(f"{root}: split {split!r} has no images")
     missing = [str(m) for _, m in pairs if not m.is_file()]
     if missing:
-        raise ValueError(f"{root}: {len(missing)} images have no label map, e.g. {missing[0]}")
+        raise UsageError(f"{root}: {len(missing)} images have no label map, e.g. {missing[0]}")
     return SegmentationSplit(pairs, len(names), list(names), layout, reduce_zero)
 
 
@@ -126,9 +128,9 @@ class SegmentationDataset(Dataset):
         image = Image.open(image_path).convert("RGB")
         labels = np.array(Image.open(mask_path))
         if labels.ndim != 2:
-            raise ValueError(f"{mask_path}: label maps must be single-channel (mode L or P), got shape {labels.shape}")
+            raise UsageError(f"{mask_path}: label maps must be single-channel (mode L or P), got shape {labels.shape}")
         if labels.shape != (image.height, image.width):
-            raise ValueError(f"{mask_path}: label map {labels.shape} does not match image {image.height}x{image.width}")
+            raise UsageError(f"{mask_path}: label map {labels.shape} does not match image {image.height}x{image.width}")
         labels = labels.astype(np.int64)
         if self.split.reduce_zero_label:
             labels = np.where(labels == 0, IGNORE, labels - 1)

@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 from ..conversion import convert_if_asked
 from ..distributed import all_reduce_tensor, cleanup, init_distributed
-from ..engine import dense_recipe, resume_run, run_epochs, train_pass, training_state, wrap_ddp, write_run_config
+from ..engine import resume_run, run_epochs, train_pass, training_recipe, training_state, wrap_ddp, write_run_config
+from ..errors import UsageError
 from ..evaluate import autocast, eval_loader, load_backbone, load_weights, write_json
 from ..utils import compile_model, output_dir
 from ..utils.artifacts import use_run_folder
@@ -66,7 +67,7 @@ def _loaders(args, rank: int, world: int, device):
     train_split = find_split(args.data, args.train_split)
     val_split = find_split(args.data, args.val_split)
     if train_split.num_classes != val_split.num_classes:
-        raise ValueError(f"train and val label sets differ: {train_split.num_classes} vs {val_split.num_classes}")
+        raise UsageError(f"train and val label sets differ: {train_split.num_classes} vs {val_split.num_classes}")
     crop = tuple(args.crop_size) if len(args.crop_size) == 2 else (args.crop_size[0], args.crop_size[0])
     train_set = SegmentationDataset(train_split, train_transform(crop, tuple(args.scale), args.hflip))
     val_set = SegmentationDataset(val_split, EvalTransform(args.img_size))
@@ -80,7 +81,7 @@ def _loaders(args, rank: int, world: int, device):
         pin_memory=device.type == "cuda",
     )
     if len(loader) == 0:
-        raise ValueError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_pairs)
     return train_split, loader, sampler, val_loader
 
@@ -101,7 +102,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     seed_everything(args.seed)
     split, loader, sampler, val_loader = _loaders(args, rank, world, device)
     model = build_model(args, split.num_classes).to(device)
-    optimizer, scheduler, scaler = dense_recipe(model, args, len(loader), device)
+    optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
     net = compile_model(wrap_ddp(model, world, device), args.compile)
     run_info = {

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UsageError
+
 
 def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int, ignore_index: int = 255):
     """(C, C) int64 counts of (target, prediction) pairs over all pixels not labelled ignore_index."""
     if pred.shape != target.shape:
-        raise ValueError(f"prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ in shape")
+        raise UsageError(f"prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ in shape")
     keep = target != ignore_index
     t, p = target[keep].long(), pred[keep].long()
     if t.numel() and (t.min() < 0 or t.max() >= num_classes):
-        raise ValueError(f"target labels must lie in [0, {num_classes}) or be {ignore_index}, found {int(t.max())}")
+        raise UsageError(f"target labels must lie in [0, {num_classes}) or be {ignore_index}, found {int(t.max())}")
     return torch.bincount(t * num_classes + p, minlength=num_classes**2).reshape(num_classes, num_classes)
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import UsageError
 from ..models.pyramid import SimpleFeaturePyramid, create_pyramid
 
 
@@ -61,7 +62,7 @@ class Segmenter(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"expected images of shape (B, 3, H, W), got {tuple(images.shape)}")
+            raise UsageError(f"expected images of shape (B, 3, H, W), got {tuple(images.shape)}")
         H, W = images.shape[-2:]
         d = self.pyramid.size_divisor
         padded = F.pad(images, (0, (-W) % d, 0, (-H) % d))
@@ -75,5 +76,5 @@ def create_segmenter(
 ) -> Segmenter:
     """Backbone ``model_name`` (any registered linvit/timm ViT, ':variant' allowed) + pyramid + head."""
     if num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        raise UsageError(f"num_classes must be >= 1, got {num_classes}")
     return Segmenter(create_pyramid(model_name, pyramid_channels, **model_kwargs), num_classes, head_channels)

@@ -19,6 +19,7 @@ import torch.nn as nn
 from safetensors.torch import save_file
 from timm.models import save_for_hf
 
+from ..errors import UsageError
 from .checkpoint import atomic_write_text
 
 CONFIG = "config.json"
@@ -59,7 +60,7 @@ def read_run_config(path: str | Path) -> tuple[Path, dict] | None:
     try:
         data = json.loads(config.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{config}: not valid JSON ({err})") from err
+        raise UsageError(f"{config}: not valid JSON ({err})") from err
     return (folder, data) if isinstance(data, dict) and "linvit" in data else None
 
 
@@ -121,18 +122,18 @@ def use_run_folder(args) -> Path | None:
     Returns the run folder, or None when the checkpoint is not in one."""
     if not args.checkpoint:
         if args.model is None:
-            raise ValueError("--model is required without --checkpoint")
+            raise UsageError("--model is required without --checkpoint")
         return None
     path = Path(args.checkpoint)
     if path.is_dir():
         if not (path / WEIGHTS).is_file():
-            raise ValueError(f"{path}: no {WEIGHTS} in this folder (a run that has not finished? pass its last.pth)")
+            raise UsageError(f"{path}: no {WEIGHTS} in this folder (a run that has not finished? pass its last.pth)")
         args.checkpoint = str(path / WEIGHTS)
     folder = Path(args.checkpoint).parent
     saved = folder / "args.yaml"
     if not saved.is_file():
         if args.model is None:
-            raise ValueError(f"--model is required: {args.checkpoint} is not in a linvit run folder (no args.yaml)")
+            raise UsageError(f"--model is required: {args.checkpoint} is not in a linvit run folder (no args.yaml)")
         return None
     import yaml
 

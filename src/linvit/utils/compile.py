@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..errors import UsageError
+
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 
 
@@ -39,7 +41,7 @@ def compile_model(model: nn.Module, mode: str = "off", *, fullgraph: bool = Fals
     one graph per input size, as inference and fixed-crop training use). The returned module shares
     the parameters of ``model``; keep using ``model`` for state dicts and checkpoints."""
     if mode not in COMPILE_MODES:
-        raise ValueError(f"--compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+        raise UsageError(f"--compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     if mode == "off":
         return model
     compiled = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False, fullgraph=fullgraph)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UsageError
+
 
 def output_dir(path: str | Path) -> Path:
     """Create (parents included) and return the folder ``path``; ValueError if a file is in the way."""
     path = Path(path)
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
-            raise ValueError(f"{part} is a file, not a folder: choose another output path")
+            raise UsageError(f"{part} is a file, not a folder: choose another output path")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ValueError(f"cannot create the output folder {path}: {err.strerror or err}") from err
+        raise UsageError(f"cannot create the output folder {path}: {err.strerror or err}") from err
     return path
