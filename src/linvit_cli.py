@@ -435,7 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="ONNX / torch.export (.pt2) / TorchScript file, checked against PyTorch")
     _add_model_args(p, "registered model name, or a `linvit train` run folder (its trained weights)", KWARGS_HELP)
-    p.add_argument("--format", choices=["onnx", "pt2", "torchscript"], default="onnx")
+    p.add_argument(
+        "--format",
+        choices=["onnx", "pt2", "torchscript"],
+        default=None,
+        help="default: from --out's suffix (.onnx, .pt2, .pt / .ts = TorchScript)",
+    )
     p.add_argument("--img-size", type=POSITIVE, nargs="+", default=[224], metavar="PX", help="input side, or H W")
     p.add_argument(
         "--dynamic-batch",
@@ -487,8 +492,8 @@ def _apply_config(p: argparse.ArgumentParser, path: str) -> None:
 
     try:
         values = yaml.safe_load(open(path)) or {}
-    except (OSError, yaml.YAMLError) as err:
-        p.error(f"--config {path}: cannot read it ({err})")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        p.error(f"--config {path}: cannot read it as YAML text ({type(err).__name__}: {err})")
     if not isinstance(values, dict):
         p.error(f"--config {path}: expected a mapping of flag names to values")
     actions = {a.dest: a for a in p._actions if a.dest not in ("help", "config")}

@@ -94,3 +94,58 @@ def test_malformed_boxes_name_the_file_and_the_entry(data, tmp_path, capsys):
     _fails_cleanly(argv, capsys, str(bad), "val/0/00000.png")
     bad.write_text("[1, 2")
     _fails_cleanly(argv, capsys, str(bad), "not a JSON file")
+
+
+def test_newer_commands_reject_bad_inputs_in_one_line(tmp_path, capsys):
+    """The four inputs that still gave tracebacks (issue 22 item 14); nothing may be written half-way."""
+    binary = tmp_path / "run.yaml"
+    binary.write_bytes(bytes(range(128, 256)))
+    _fails_cleanly(["train", "--config", str(binary)], capsys, "--config", "cannot read it as YAML text")
+    export = ["export", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
+    _fails_cleanly([*export, "--img-size", "50", "--out", str(tmp_path / "m.onnx")], capsys, "not divisible")
+    _fails_cleanly([*export, "--img-size", "32", "--out", str(tmp_path)], capsys, "is a folder")
+    _fails_cleanly([*export, "--img-size", "32", "--out", str(tmp_path / "m.onnx"), "--format", "pt2"], capsys, "onnx")
+    _fails_cleanly([*export, "--img-size", "32", "--out", str(tmp_path / "m.bin")], capsys, "suffix")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
+
+
+def test_a_coco_file_naming_missing_images(tmp_path, capsys):
+    import json
+
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "val").mkdir()
+    coco = {"images": [{"id": 1, "file_name": "gone.png", "width": 8, "height": 8}], "annotations": []}
+    coco["categories"] = [{"id": 1, "name": "digit"}]
+    (tmp_path / "annotations" / "instances_val.json").write_text(json.dumps(coco))
+    argv = ["detect", "eval", "--data", str(tmp_path), "--split", "val", "--model", "linear_infvit_tiny_patch16_224"]
+    _fails_cleanly([*argv, "--out", str(tmp_path / "out")], capsys, "1 image(s) not found", "gone.png")
+
+
+def test_only_usage_errors_are_one_line(data, tmp_path, monkeypatch, capsys):
+    """A ValueError from torch, timm or a bug keeps its traceback; --debug shows a usage error's too."""
+    import linvit.train
+    from linvit.errors import UsageError
+
+    with pytest.raises(UsageError, match="patch_size"):
+        cli_main([*_train(data, tmp_path, "--model-kwargs", "patch_size=banana"), "--debug"])
+
+    def internal_bug(args):
+        raise ValueError("an internal ValueError")
+
+    monkeypatch.setattr(linvit.train, "run_train", internal_bug)
+    with pytest.raises(ValueError, match="an internal ValueError"):
+        cli_main(_train(data, tmp_path))
+
+
+def test_threads_are_set_and_recorded(data, tmp_path):
+    import json
+
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        argv = _train(data, tmp_path, "--img-size", "32", "--model-kwargs", "patch_size=8", "depth=1")
+        assert cli_main([*argv, "--threads", "1"]) == 0
+        assert json.loads((tmp_path / "config.json").read_text())["linvit"]["threads"] == 1
+    finally:
+        torch.set_num_threads(before)

@@ -27,6 +27,19 @@ from .ops.infsa import DENSE_MAX_SCORES
 from .utils.artifacts import read_run_config
 
 FORMATS = ("onnx", "pt2", "torchscript")
+SUFFIX_FORMATS = {".onnx": "onnx", ".pt2": "pt2", ".pt": "torchscript", ".ts": "torchscript"}
+
+
+def resolve_format(fmt: str | None, out: Path) -> str:
+    """--format, or the one --out's suffix names; a suffix that names another format is an error."""
+    implied = SUFFIX_FORMATS.get(out.suffix.lower())
+    if fmt is None and implied is None:
+        raise UsageError(f"--out {out}: give --format or a suffix among {', '.join(SUFFIX_FORMATS)}")
+    if fmt is not None and implied is not None and fmt != implied:
+        raise UsageError(f"--out {out} names a {implied} file but --format is {fmt}")
+    return fmt or implied
+
+
 ONNX_TOLERANCE = 1e-4  # max abs difference to PyTorch in float32
 
 
@@ -93,34 +106,51 @@ def check_onnx(model: nn.Module, path: Path, example: torch.Tensor, batches: lis
 def run_export(args) -> dict:
     """`linvit export`: write the file, check it (ONNX: onnxruntime; pt2/TorchScript: reloaded), print a summary."""
     img_size = tuple(args.img_size) if len(args.img_size) == 2 else (args.img_size[0],) * 2
+    out = Path(args.out)
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give the file to write, e.g. {out / 'model.onnx'}")
+    args.format = resolve_format(args.format, out)
     model, name = load_export_model(args.model, args.model_kwargs, img_size)
     model.eval()
     scripted = args.format == "torchscript"
     chosen = [] if scripted else fix_size_dependent_choices(model, img_size)
     example = torch.randn(2 if args.dynamic_batch else 1, 3, *img_size)
-    out = Path(args.out)
+    with torch.no_grad():
+        model(example)  # the model's own input checks (patch divisibility, channels) before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")  # renamed to out once checked: nothing half-written at out
     batches = [1, 3] if args.dynamic_batch or scripted else [example.shape[0]]
-    with warnings.catch_warnings():  # torch warns on every torch.jit call; one note below says it once
-        warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
-        with torch.no_grad():
-            export_model(model, args.format, out, example, args.dynamic_batch)
-        if args.format == "onnx":
-            diff = check_onnx(model, out, example, batches)
-        else:
-            reloaded = torch.export.load(str(out)).module() if args.format == "pt2" else torch.jit.load(str(out))
-            diff = 0.0
-            for batch in batches:
-                x = torch.randn(batch, *example.shape[1:])
-                with torch.no_grad():
-                    diff = max(diff, float((reloaded(x) - model(x)).abs().max()))
+    try:
+        diff = _write_and_check(model, args, partial, example, batches)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     summary = {"model": name, "format": args.format, "file": str(out), "img_size": list(img_size)}
+    if diff > ONNX_TOLERANCE:
+        partial.unlink(missing_ok=True)
+        raise UsageError(f"exported model differs from PyTorch by {diff:.2e} (> {ONNX_TOLERANCE:g}); nothing written")
+    partial.replace(out)
     summary.update(dynamic_batch=args.dynamic_batch, max_abs_diff=diff, batches_checked=batches, choices=chosen)
     print(f"{name} -> {out} ({args.format}, {out.stat().st_size / 2**20:.1f} MiB); max abs diff {diff:.2e}")
     if scripted:
         print("scripted: runs at any batch and input size (PyTorch deprecates TorchScript; pt2 and onnx are kept up)")
     if chosen:
         print("pure InfSA forms fixed for export: " + ", ".join(sorted(set(c.split(": ")[1] for c in chosen))))
-    if diff > ONNX_TOLERANCE:
-        raise UsageError(f"exported model differs from PyTorch by {diff:.2e} (> {ONNX_TOLERANCE:g})")
     return summary
+
+
+def _write_and_check(model: nn.Module, args, path: Path, example: torch.Tensor, batches: list[int]) -> float:
+    """Export to path and return the max abs difference of the file's outputs to PyTorch's."""
+    with warnings.catch_warnings():  # torch warns on every torch.jit call; one note in run_export says it once
+        warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
+        with torch.no_grad():
+            export_model(model, args.format, path, example, args.dynamic_batch)
+        if args.format == "onnx":
+            return check_onnx(model, path, example, batches)
+        reloaded = torch.export.load(str(path)).module() if args.format == "pt2" else torch.jit.load(str(path))
+        diff = 0.0
+        for batch in batches:
+            x = torch.randn(batch, *example.shape[1:])
+            with torch.no_grad():
+                diff = max(diff, float((reloaded(x) - model(x)).abs().max()))
+        return diff

@@ -68,6 +68,13 @@ class CocoDetection(Dataset):
         self.label_of = {c: i + 1 for i, c in enumerate(self.category_ids)}
         self.class_names = [self.coco.cats[c]["name"] for c in self.category_ids]
         self.ids = sorted(self.coco.getImgIds())
+        missing = [
+            self.coco.imgs[i]["file_name"]
+            for i in self.ids
+            if not (self.images / self.coco.imgs[i]["file_name"]).is_file()
+        ]
+        if missing:
+            raise UsageError(f"{ann_file}: {len(missing)} image(s) not found in {self.images}, e.g. {missing[0]!r}")
         self.skipped = Counter()
         self.kept = {i: self._valid_annotations(i, ann_file) for i in self.ids}
 
