@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import timm
 import torch
 
 import linvit  # noqa: F401 - registers the families

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from timm.layers import register_notrace_module
 
 from ..errors import UsageError
 from ..ops import katz_infsa, linear_infsa, pure_infsa
@@ -113,6 +114,7 @@ class _InfSABase(nn.Module):
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, gamma_init={self.gamma_init}"
 
 
+@register_notrace_module  # a leaf (one call_module node) in timm's FX feature extraction
 class PureInfSAAttention(_InfSABase):
     """Pure InfSA: one Frobenius-normalised diffusion hop, gamma * A^ v (quadratic in tokens).
 
@@ -149,6 +151,7 @@ class PureInfSAAttention(_InfSABase):
         return self.merge_heads(out)
 
 
+@register_notrace_module
 class LinearInfSAAttention(_InfSABase):
     """Linear-InfSA: every token receives the importance-pooled value z (O(N) in tokens).
 
@@ -281,6 +284,7 @@ class LinearInfSAAttention(_InfSABase):
         return self.proj_drop(y) if self.training and self.proj_drop.p > 0 else y
 
 
+@register_notrace_module
 class KatzInfSAAttention(_InfSABase):
     """Katz-InfSA: the exact infinite-hop series sum_t gamma^t A^^t v in O(N d^2) (linvit.ops.katz_infsa).
 

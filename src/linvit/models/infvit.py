@@ -9,7 +9,7 @@ so forward_intermediates, features_only, grad checkpointing and checkpoint filte
 from __future__ import annotations
 
 import torch
-from timm.layers import Attention, resample_abs_pos_embed
+from timm.layers import Attention, register_notrace_function, resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
@@ -201,6 +201,7 @@ def resampled_position_table(pos_embed: torch.Tensor, x: torch.Tensor, grid: lis
 
 
 torch.fx.wrap("resampled_position_table")
+register_notrace_function(resampled_position_table)  # the same in timm's FX helpers
 
 
 class _Chunks:

@@ -3,9 +3,9 @@
 State-dict names are the official release's (``patch_embed.proj``, ``init_norm``, ``blocks.{i}.linear1``,
 ``blocks.{i}.dwc``, ``norm``, ``head``), so its checkpoints load strictly. Unlike the release, the token
 grid is carried explicitly, so any H x W divisible by the patch works (there is no position embedding).
+No ``from __future__ import annotations``: FX graphs traced from WeightFormer.forward copy its annotations,
+and TorchScript must read them as types (FX feature extraction, then torch.jit.script).
 """
-
-from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
@@ -13,7 +13,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, trunc_normal_
+from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
@@ -37,6 +37,7 @@ def _to_map(x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
     return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *grid_size)
 
 
+@register_notrace_module  # a leaf (one call_module node) in timm's FX feature extraction
 class WeightFormerBlock(nn.Module):
     """Depthwise-conv token mixing plus MLP; the dynamic version predicts both layers' weights.
 
