@@ -13,6 +13,7 @@ import linvit
 
 ROOT = Path(linvit.__file__).parent
 TIERS = {
+    "errors": 0,
     "ops": 0,
     "layers": 1,
     "models": 2,
@@ -28,6 +29,7 @@ TIERS = {
     "bench": 5,
     "detect": 5,
     "export": 5,
+    "runs": 6,
     "reproduce": 6,
     "cli": 7,
     "__main__": 7,
