@@ -41,7 +41,9 @@ def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
     or in a scripted graph: TorchScript cannot read the autocast state)."""
     if not torch.jit.is_scripting():
         device = t.device.type
-        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        # cpu and cuda always have autocast; asking only for other devices keeps torch < 2.10's dynamo in one graph
+        available = device in ("cpu", "cuda") or torch.amp.is_autocast_available(device)
+        if available and torch.is_autocast_enabled(device):
             return torch.get_autocast_dtype(device)
     return None
 
