@@ -105,7 +105,7 @@ OP_BUDGETS = {  # name: (side, before, budget)
     "vit_4l_patch16_224": (1024, 47, 47),
     "infvit_4l_patch16_224": (224, 97, 85),
     "linear_infvit_4l_patch16_224": (1024, 143, 115),
-    "katz_infvit_4l_patch16_224": (1024, 139, 127),
+    "katz_infvit_4l_patch16_224": (1024, 139, 123),
     "weightformer_tiny_patch16_224": (1248, 268, 226),
 }
 

@@ -160,3 +160,22 @@ def test_streaming_pooled_output_equals_one_chunk():
         whole = m.pooled_output([x])
         parts = m.pooled_output([x[:, :5], x[:, 5:6], x[:, 6:]])
     assert rel_err(parts, whole) <= 1e-6
+
+
+@pytest.mark.parametrize("proj_bias", [True, False])
+@pytest.mark.parametrize("feature_map", ["relu", "elu+1"])
+def test_katz_folded_output_projection_equals_the_op_then_proj(proj_bias, feature_map):
+    """Katz-InfSA's layer folds proj into the d x D mixing; outputs and gradients equal merge_heads(op)."""
+    from linvit.layers import KatzInfSAAttention
+    from linvit.ops import katz_infsa
+
+    m = KatzInfSAAttention(24, num_heads=3, qkv_bias=True, proj_bias=proj_bias, feature_map=feature_map).double()
+    x = torch.randn(2, 19, 24, dtype=torch.float64, requires_grad=True)
+    q, k, v = m.project_qkv(x)
+    expected = m.merge_heads(katz_infsa(q, k, v, m.gamma, m.eps, feature_map=feature_map))
+    out = m(x)
+    assert rel_err(out, expected) <= 1e-12
+    grads = torch.autograd.grad(out.square().sum(), [x, m.qkv.weight, m.proj.weight, m.theta])
+    reference = torch.autograd.grad(expected.square().sum(), [x, m.qkv.weight, m.proj.weight, m.theta])
+    for a, b in zip(grads, reference, strict=True):
+        assert rel_err(a, b) <= 1e-10

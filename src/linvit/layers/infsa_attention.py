@@ -17,7 +17,7 @@ from timm.layers import register_notrace_module
 
 from ..errors import UsageError
 from ..ops import katz_infsa, linear_infsa, pure_infsa
-from ..ops.common import no_autocast
+from ..ops.common import check_qkv, no_autocast
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
 from ..ops.katz import katz_features, katz_mixing, katz_token_sums
 from .graph_capture import call_eagerly, is_fx_tracing
@@ -289,7 +289,9 @@ class KatzInfSAAttention(_InfSABase):
     """Katz-InfSA: the exact infinite-hop series sum_t gamma^t A^^t v in O(N d^2) (linvit.ops.katz_infsa).
 
     Token-dependent outputs like pure InfSA, linear cost like Linear-InfSA. The attention matrix is
-    never formed, so attention dropout and masks are not available.
+    never formed, so attention dropout and masks are not available. Without a scale norm, the output
+    projection is folded into the d x D mixing (project_mixed): one (N, C) x (C, C) product replaces the
+    per-head (N, d) x (d, D) products, the copy that merges heads, and the projection.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, *, feature_map: str = "relu", **kwargs):
@@ -305,7 +307,35 @@ class KatzInfSAAttention(_InfSABase):
         if attn_mask is not None or is_causal:
             raise ValueError("Katz-InfSA works on low-rank factors; attention masks are not supported")
         q, k, v = self.project_qkv(x)
-        return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.feature_map))
+        if not isinstance(self.norm, nn.Identity):
+            return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.feature_map))
+        if not torch.jit.is_scripting():
+            with no_autocast(v):
+                fq, mixing = self._features_and_mixing(q, k, v)
+            return self.proj_drop(self.project_mixed(fq, mixing, q.dtype))
+        fq, mixing = self._features_and_mixing(q, k, v)
+        return self.proj_drop(self.project_mixed(fq, mixing, q.dtype))
+
+    def _features_and_mixing(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """phi(q) / c (B, H, N, d) and the mixing X (B, H, d, D) with katz_infsa(q, k, v) = (phi(q) / c) X."""
+        check_qkv(q, k, v)
+        (fq, c2), (fk, _) = katz_features(q, self.feature_map), katz_features(k, self.feature_map)
+        return fq, katz_mixing(katz_token_sums(fq, fk, v), self.gamma, self.eps, c2)
+
+    def project_mixed(self, fq: torch.Tensor, mixing: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """proj(merge_heads(fq @ mixing)) as tokens (B, N, H*d) @ (X W_proj^T per head, stacked) + b, in dtype.
+
+        X W_proj^T is (B, H, d, C): H*d*D*C multiply-adds per image, against N*C*D for fq @ X."""
+        B, H, N, d = fq.shape
+        weight = self.proj.weight.view(-1, H, mixing.shape[-1]).permute(1, 2, 0)  # (H, D, C_out)
+        folded = (mixing @ weight.to(mixing.dtype)).reshape(B, H * d, -1).to(dtype)  # (B, H*d, C_out)
+        tokens = fq.transpose(1, 2).reshape(B, N, H * d).to(dtype)  # a view when fq is token-major
+        bias = self.proj.bias
+        if bias is None:
+            return torch.bmm(tokens, folded)
+        return torch.baddbmm(bias.to(dtype), tokens, folded)
 
     def streamed_mixing(self, chunks) -> torch.Tensor:
         """First pass of the token-streamed form: X (B, H, d, D) from token sums accumulated over the
@@ -326,5 +356,8 @@ class KatzInfSAAttention(_InfSABase):
         bias = None if self.qkv.bias is None else self.qkv.bias[:C]
         q = self.q_norm(F.linear(x, self.qkv.weight[:C], bias).reshape(B, n, self.num_heads, -1).transpose(1, 2))
         with no_autocast(q):
-            out = katz_features(q, self.feature_map)[0] @ mixing
+            fq = katz_features(q, self.feature_map)[0]
+            if isinstance(self.norm, nn.Identity):
+                return self.project_mixed(fq, mixing, q.dtype)
+            out = fq @ mixing
         return self.merge_heads(out.to(q.dtype))
