@@ -39,6 +39,14 @@ SUITES: dict[str, dict] = {
         warmup=2,
         reference=["linear_infvit_4l_patch16_224:unfolded"],
     ),
+    # issue 22: Katz-InfSA's lean path against Linear-InfSA (the FLOP floor of the ratio is 12/9 = 1.33)
+    "katz_lean": dict(
+        models=["linear_infvit_4l_patch16_224", "katz_infvit_4l_patch16_224"],
+        res=[1024],
+        iters=7,
+        warmup=2,
+        reference=["linear_infvit_4l_patch16_224"],
+    ),
     # the 4-layer family, inference, batch 1, fp32, against both softmax baselines
     "family4l": dict(
         models=FOUR_LAYER,
