@@ -17,9 +17,9 @@ from timm.layers import register_notrace_module
 
 from ..errors import UsageError
 from ..ops import katz_infsa, linear_infsa, pure_infsa
-from ..ops.common import check_qkv, no_autocast
+from ..ops.common import no_autocast
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
-from ..ops.katz import katz_features, katz_mixing, katz_token_sums
+from ..ops.katz import katz_factors, katz_features, katz_mixing, katz_token_sums
 from .graph_capture import call_eagerly, is_fx_tracing
 
 torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see graph_capture.call_eagerly)
@@ -311,18 +311,10 @@ class KatzInfSAAttention(_InfSABase):
             return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.feature_map))
         if not torch.jit.is_scripting():
             with no_autocast(v):
-                fq, mixing = self._features_and_mixing(q, k, v)
+                fq, mixing = katz_factors(q, k, v, self.gamma, self.eps, self.feature_map)
             return self.proj_drop(self.project_mixed(fq, mixing, q.dtype))
-        fq, mixing = self._features_and_mixing(q, k, v)
+        fq, mixing = katz_factors(q, k, v, self.gamma, self.eps, self.feature_map)
         return self.proj_drop(self.project_mixed(fq, mixing, q.dtype))
-
-    def _features_and_mixing(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """phi(q) / c (B, H, N, d) and the mixing X (B, H, d, D) with katz_infsa(q, k, v) = (phi(q) / c) X."""
-        check_qkv(q, k, v)
-        (fq, c2), (fk, _) = katz_features(q, self.feature_map), katz_features(k, self.feature_map)
-        return fq, katz_mixing(katz_token_sums(fq, fk, v), self.gamma, self.eps, c2)
 
     def project_mixed(self, fq: torch.Tensor, mixing: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """proj(merge_heads(fq @ mixing)) as tokens (B, N, H*d) @ (X W_proj^T per head, stacked) + b, in dtype.

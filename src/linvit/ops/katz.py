@@ -123,8 +123,17 @@ def katz_infsa(
 
 
 def _katz_infsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, feature_map: str):
+    fq, mixing = katz_factors(q, k, v, gamma, eps, feature_map)
+    return (fq @ mixing).to(v.dtype)
+
+
+def katz_factors(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, feature_map: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """f = phi(q) / c (B, H, N, d) and the mixing X (B, H, d, D), with katz_infsa(q, k, v) = f X, in the
+    accumulation dtype (call with autocast off). Layers that fold X into their output projection use these."""
     (fq, c2), (fk, _) = katz_features(q, feature_map), katz_features(k, feature_map)
-    return (fq @ katz_mixing(katz_token_sums(fq, fk, v), gamma, eps, c2)).to(v.dtype)
+    return fq, katz_mixing(katz_token_sums(fq, fk, v), gamma, eps, c2)
 
 
 def katz_operator(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, feature_map: str = "relu"):
