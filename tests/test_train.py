@@ -408,3 +408,35 @@ def test_a_run_folder_reloads_with_timm_and_eval_alone_and_reruns_from_its_confi
     again = tmp_path / "again"
     assert cli_main(["train", "--config", str(run / "args.yaml"), "--output", str(again), "--log", "none"]) == 0
     assert _metrics(again)[-1]["val_top1"] == rows[-1]["val_top1"]
+
+
+def test_train_pass_waits_for_the_device_once_per_check_interval(monkeypatch):
+    """No host synchronisation per step (issue 22 item 8): the loss is summed on the device and read every
+    CHECK_EVERY steps; before, each step called .item() twice and bool(isfinite(loss)) once."""
+    from types import SimpleNamespace
+
+    from linvit import engine
+
+    syncs = []
+    for name in ("item", "__bool__", "tolist"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, _f=original, _n=name: syncs.append(_n) or _f(self))
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scheduler = SimpleNamespace(step_update=lambda num_updates: None, step=lambda epoch: None)
+    batches = [torch.randn(2, 4) for _ in range(120)]
+    args = SimpleNamespace(progress=False, clip_grad=None)
+    record = engine.train_pass(
+        model,
+        batches,
+        lambda x: (model(x).square().mean(), 2),
+        optimizer,
+        scheduler,
+        None,
+        0,
+        args,
+        torch.device("cpu"),
+        0,
+    )
+    assert record["train_loss"] > 0
+    assert len(syncs) <= 3 * 2 + 1, syncs  # checks at steps 50, 100, 120 (flag + bar), and the epoch's total
