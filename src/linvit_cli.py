@@ -215,6 +215,11 @@ def _check_crop(args: argparse.Namespace) -> None:
         raise _usage(f"--crop-size takes one side or H W, got {args.crop_size}")
 
 
+def _check_optional_img_size(args: argparse.Namespace) -> None:
+    if args.img_size is not None:
+        _check_img_size(args)
+
+
 def _check_img_size(args: argparse.Namespace) -> None:
     if len(args.img_size) not in (1, 2):
         raise _usage(f"--img-size takes one side or H W, got {args.img_size}")
@@ -432,6 +437,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert_arg(e)
     e.add_argument("--out", required=True, help="folder for detections.json and metrics.json")
     e.set_defaults(func=_runner("detect.engine", "run_detect_eval"))
+
+    p = sub.add_parser("predict", help="top-k classes of your own images (files, folders, globs) at any size")
+    p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
+    _add_model_args(
+        p, "model name (any timm form, :variant); without it --checkpoint is a run folder", KWARGS_HELP, False
+    )
+    p.add_argument("--checkpoint", default=None, help="a run folder, or weights for --model (.pth / .safetensors)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--img-size", type=POSITIVE, nargs="+", default=None, metavar="PX", help="resize to H [W]")
+    size.add_argument("--native", action="store_true", help="each image at its own size, rounded to the patch grid")
+    p.add_argument("--max-pixels", type=POSITIVE, default=2**28, help="refuse larger images (default 2^28)")
+    p.add_argument("--topk", type=POSITIVE, default=5)
+    p.add_argument("--out", default=None, help="preds.jsonl: one JSON line per image (path, size, top-k, seconds)")
+    p.add_argument("--batch-size", type=POSITIVE, default=8, help="images read together; equal sizes run as a batch")
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the images")
+    p.set_defaults(func=_runner("inference", "run_predict", _check_optional_img_size))
 
     p = sub.add_parser("export", help="ONNX / torch.export (.pt2) / TorchScript file, checked against PyTorch")
     _add_model_args(p, "registered model name, or a `linvit train` run folder (its trained weights)", KWARGS_HELP)

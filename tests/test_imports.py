@@ -30,6 +30,7 @@ TIERS = {
     "detect": 5,
     "export": 5,
     "runs": 6,
+    "inference": 6,
     "reproduce": 6,
     "cli": 7,
     "__main__": 7,

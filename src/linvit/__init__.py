@@ -4,13 +4,15 @@
 works; ``linvit.create_model`` is timm's plus linvit's ``:variant`` suffix (``vit_4l_patch16_224:naive``), and
 ``linvit.list_models`` lists linvit's families. ``linvit.convert(model, variant)``
 puts InfSA into an existing timm / torchvision / Hugging Face model (linvit.conversion); ``linvit.load_run(RUN)``
-reloads any run folder (classification, segmentation, detection).
+reloads any run folder (classification, segmentation, detection); ``linvit.load_image`` and ``linvit.predict`` run a
+model on your own pictures (``linvit predict`` on the command line).
 """
 
 from timm import list_models as _timm_list_models
 
 from . import layers, models, ops
 from .conversion import convert, convert_report
+from .inference import load_image, predict
 from .models.variants import create_model
 from .runs import load_run
 
@@ -33,6 +35,9 @@ __all__ = [
     "create_model",
     "list_models",
     "load_run",
+    "load_image",
+    "predict",
+    "explain",
     "convert",
     "convert_report",
     "ops",
@@ -40,3 +45,12 @@ __all__ = [
     "models",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """``linvit.explain`` without importing it (and matplotlib / scikit-learn) on ``import linvit``."""
+    if name == "explain":
+        import importlib
+
+        return importlib.import_module(".explain", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,203 @@
+"""Run a model on your own pictures: ``linvit.load_image``, ``linvit.predict`` and ``linvit predict``.
+
+Images are files, folders (searched recursively) or glob patterns of JPEG, PNG, TIFF, WebP or BMP files. Each is
+read the way a photograph should be: EXIF orientation applied, greyscale, palette, RGBA (composited on white) and
+16-bit images converted to 8-bit RGB, and a pixel-count guard that fails with one line instead of PIL's
+decompression-bomb error. Three sizes:
+    default   the model's own data config (a run folder's: the size, crop, mean/std it was trained with)
+    img_size  resized to exactly H x W, then normalised with the model's mean/std
+    native    the image's own size rounded to the patch grid: global inference on the whole picture (token
+              chunking keeps memory bounded for Linear- and Katz-InfSA models)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from PIL import Image, ImageOps
+from timm.data import create_transform, resolve_model_data_config
+from torchvision.transforms import functional as TF
+from tqdm import tqdm
+
+from .errors import UsageError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp")
+DEFAULT_MAX_PIXELS = 2**28  # 268 megapixels (16384 x 16384); PIL's own guard stops at 179
+
+
+def find_images(specs: Iterable[str | Path]) -> list[Path]:
+    """Image files named by files, folders (recursive) and glob patterns, sorted within each, duplicates dropped."""
+    found: list[Path] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_dir():
+            matches = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        elif path.is_file():
+            matches = [path]
+        else:
+            matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True) if Path(p).is_file())
+        if not matches:
+            raise UsageError(f"{spec}: no such image file, folder or matching pattern")
+        found.extend(m for m in matches if m not in found)
+    return found
+
+
+def read_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """The picture at path as 8-bit RGB, upright (EXIF), 16-bit scaled down, transparency over white."""
+    path = Path(path)
+    try:
+        with Image.open(path) as image:
+            if image.width * image.height > max_pixels:
+                raise UsageError(
+                    f"{path}: {image.width} x {image.height} is {image.width * image.height:,} pixels, above "
+                    f"--max-pixels {max_pixels:,}; raise it if you mean to read this image"
+                )
+            image = ImageOps.exif_transpose(image)
+            return _to_rgb(image)
+    except UsageError:
+        raise
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise UsageError(f"{path}: cannot read it as an image ({type(err).__name__}: {err})") from err
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit / 32-bit greyscale: scale to 0..255
+        values = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if image.mode.startswith("I;16") or values.max() > 255 else 255.0
+        image = Image.fromarray(np.clip(values / top * 255.0, 0, 255).round().astype(np.uint8), mode="L")
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def patch_size(model: nn.Module) -> tuple[int, int]:
+    """The model's patch (or total stride) in pixels, for rounding native sizes to its token grid."""
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if patch is None:
+        return (1, 1)
+    return (patch, patch) if isinstance(patch, int) else tuple(patch)
+
+
+def native_size(size: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:
+    """(H, W) rounded to the nearest multiple of the patch (at least one patch)."""
+    return tuple(max(p, int(s / p + 0.5) * p) for s, p in zip(size, patch, strict=True))  # halves round up
+
+
+def load_image(
+    path: str | Path,
+    model: nn.Module,
+    img_size: int | Sequence[int] | None = None,
+    native: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> torch.Tensor:
+    """A (3, H, W) float tensor ready for model: its data config by default, exactly img_size, or native size."""
+    image = read_rgb(path, max_pixels)
+    config = resolve_model_data_config(model)
+    if img_size is None and not native:
+        return create_transform(**config, is_training=False)(image)
+    if native and img_size is not None:
+        raise UsageError("give either img_size or native, not both")
+    if native:
+        size = native_size((image.height, image.width), patch_size(model))
+    else:
+        size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        if len(size) != 2:
+            raise UsageError(f"img_size takes one side or (H, W), got {img_size}")
+    tensor = TF.to_tensor(image)
+    if tuple(tensor.shape[-2:]) != size:
+        tensor = TF.resize(tensor, list(size), interpolation=TF.InterpolationMode.BICUBIC, antialias=True)
+    return TF.normalize(tensor.clamp(0, 1), config["mean"], config["std"])
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    images: Sequence[torch.Tensor],
+    topk: int = 5,
+    label_names: Sequence[str] | None = None,
+    batch_size: int = 8,
+    device: torch.device | str = "cpu",
+    amp: str = "none",
+) -> list[dict]:
+    """Top-k (label, probability) per image; images of equal size run together in batches of batch_size."""
+    from .evaluate import autocast
+
+    device = torch.device(device)
+    model.eval().to(device)
+    names = list(label_names or getattr(model, "label_names", None) or [])
+    results: list[dict | None] = [None] * len(images)
+    for indices in _equal_size_batches(images, batch_size):
+        batch = torch.stack([images[i] for i in indices]).to(device)
+        with autocast(device, amp):
+            probs = model(batch).float().softmax(-1)
+        values, classes = probs.topk(min(topk, probs.shape[-1]), dim=-1)
+        for i, v, c in zip(indices, values.cpu().tolist(), classes.cpu().tolist(), strict=True):
+            labels = [names[k] if k < len(names) else str(k) for k in c]
+            topk_rows = [{"label": lab, "class": k, "prob": p} for lab, k, p in zip(labels, c, v, strict=True)]
+            results[i] = {"topk": topk_rows}
+    return results  # type: ignore[return-value]
+
+
+def _equal_size_batches(images: Sequence[torch.Tensor], batch_size: int) -> list[list[int]]:
+    groups: dict[tuple, list[int]] = {}
+    for i, image in enumerate(images):
+        groups.setdefault(tuple(image.shape), []).append(i)
+    return [idx[s : s + batch_size] for idx in groups.values() for s in range(0, len(idx), batch_size)]
+
+
+def load_model(args) -> nn.Module:
+    """--checkpoint RUN (a run folder) or --model NAME [--checkpoint WEIGHTS]."""
+    from .evaluate import load_weights
+    from .models import create_any_size
+    from .runs import load_run
+
+    if args.model is None:
+        if not args.checkpoint:
+            raise UsageError("give --checkpoint RUN (a run folder) or --model NAME")
+        return load_run(args.checkpoint)
+    model = create_any_size(args.model, **args.model_kwargs)
+    if args.checkpoint:
+        load_weights(model, args.checkpoint)
+    return model
+
+
+def run_predict(args) -> list[dict]:
+    """`linvit predict`: top-k per image to stdout and, with --out, one JSON line per image."""
+    paths = find_images(args.images)
+    model = load_model(args)
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda requested but torch sees no CUDA device")
+    device = torch.device("cuda" if use_cuda else "cpu")
+    img_size = None if args.img_size is None else (args.img_size * 2)[:2]
+    if args.out and Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a folder; give the file to write, e.g. {Path(args.out) / 'preds.jsonl'}")
+    records = []
+    for start in tqdm(range(0, len(paths), args.batch_size), desc="predict", unit="batch", disable=not args.progress):
+        chunk = paths[start : start + args.batch_size]
+        tick = time.perf_counter()
+        tensors = [load_image(p, model, img_size, args.native, args.max_pixels) for p in chunk]
+        outputs = predict(model, tensors, args.topk, batch_size=args.batch_size, device=device, amp=args.amp)
+        seconds = (time.perf_counter() - tick) / len(chunk)
+        for path, tensor, out in zip(chunk, tensors, outputs, strict=True):
+            records.append({"path": str(path), "size": list(tensor.shape[-2:]), **out, "seconds": round(seconds, 4)})
+            top = out["topk"][0]
+            print(f"{path}: {top['label']} ({top['prob']:.3f})" + _rest(out["topk"][1:]))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+def _rest(others: list[dict]) -> str:
+    return "".join(f", {o['label']} ({o['prob']:.3f})" for o in others)
