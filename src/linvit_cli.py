@@ -67,8 +67,8 @@ def _usage(message: str) -> ValueError:
 
 
 def _set_threads(args: argparse.Namespace) -> None:
-    """--threads N: torch's intra-op CPU threads for this command (on a busy machine fewer threads can be
-    much faster: a DeiT-T forward took 164 ms with 2 and 4.5 ms with 1 while another job ran)."""
+    """--threads N: torch's intra-op CPU threads for this command (on a machine busy with other work, fewer
+    threads than cores avoid oversubscription)."""
     if getattr(args, "threads", None):
         import torch
 
@@ -110,8 +110,13 @@ def _add_runtime_args(p: argparse.ArgumentParser, batch_size: int) -> None:
     group.add_argument(
         "--workers", type=NON_NEGATIVE, default=min(4, os.cpu_count() or 1), help="data-loading processes"
     )
-    group.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
-    group.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    _add_device_args(group)
+
+
+def _add_device_args(p) -> None:
+    """--amp and --device, for every command that runs a model."""
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
 
 
 MODEL_HELP = "registered model name, optionally with a :variant suffix"
@@ -447,12 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--img-size", type=POSITIVE, nargs="+", default=None, metavar="PX", help="resize to H [W]")
     size.add_argument("--native", action="store_true", help="each image at its own size, rounded to the patch grid")
-    p.add_argument("--max-pixels", type=POSITIVE, default=2**28, help="refuse larger images (default 2^28)")
+    p.add_argument("--max-pixels", type=POSITIVE, default=None, help="refuse larger images (default 2^28)")
     p.add_argument("--topk", type=POSITIVE, default=5)
     p.add_argument("--out", default=None, help="preds.jsonl: one JSON line per image (path, size, top-k, seconds)")
     p.add_argument("--batch-size", type=POSITIVE, default=8, help="images read together; equal sizes run as a batch")
-    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    _add_device_args(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the images")
     p.set_defaults(func=_runner("inference", "run_predict", _check_optional_img_size))
 

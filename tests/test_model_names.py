@@ -62,7 +62,28 @@ def test_bad_names_fail_in_one_line(spec, match):
         create_variant(spec)
 
 
-def test_only_a_missing_img_size_argument_is_retried():
-    """A TypeError inside a model's constructor is the caller's error, not a cue to drop img_size."""
-    with pytest.raises(TypeError, match="patch_size"):
-        create_variant("vit_4l_patch16_224", img_size=32, patch_size="eight")
+def test_only_a_missing_img_size_argument_is_retried(monkeypatch):
+    """A TypeError inside a model's constructor is the caller's error, not a cue to drop img_size and build the
+    model again at its default size (which the old blanket retry did)."""
+    import linvit.models.variants as variants
+
+    calls = []
+
+    def create(name, **kwargs):
+        calls.append(kwargs)
+        raise TypeError("a bug inside the model's constructor")
+
+    monkeypatch.setattr(variants.timm, "create_model", create)
+    with pytest.raises(TypeError, match="a bug inside"):
+        create_variant("vit_4l_patch16_224", img_size=32)
+    assert calls == [{"img_size": 32}]  # not retried without img_size
+    calls.clear()
+    monkeypatch.setattr(variants.timm, "create_model", lambda name, **kw: calls.append(kw) or _raise_for(kw))
+    create_variant("vit_4l_patch16_224", img_size=32)
+    assert calls == [{"img_size": 32}, {}]  # a model that takes no img_size is built without it
+
+
+def _raise_for(kwargs: dict) -> torch.nn.Module:
+    if "img_size" in kwargs:
+        raise TypeError("Net.__init__() got an unexpected keyword argument 'img_size'")
+    return torch.nn.Identity()

@@ -53,6 +53,27 @@ def test_awkward_files_read_as_upright_8_bit_rgb(tmp_path):
         read_rgb(tmp_path / "broken.png")
 
 
+def test_max_pixels_replaces_pils_own_guard(tmp_path, monkeypatch):
+    """PIL refuses images above 2 x Image.MAX_IMAGE_PIXELS (179 MP) whatever --max-pixels says; ours decides."""
+    Image.new("RGB", (20, 20)).save(tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10)  # PIL would refuse 400 pixels
+    assert read_rgb(tmp_path / "big.png", max_pixels=1000).size == (20, 20)
+    assert Image.MAX_IMAGE_PIXELS == 10  # restored
+    with pytest.raises(ValueError, match="above --max-pixels 399"):
+        read_rgb(tmp_path / "big.png", max_pixels=399)
+
+
+def test_float_images_in_unit_range_keep_their_brightness(tmp_path):
+    Image.fromarray(np.full((3, 3), 0.5, dtype=np.float32), mode="F").save(tmp_path / "f.tiff")
+    assert read_rgb(tmp_path / "f.tiff").getpixel((0, 0)) == (128, 128, 128)
+
+
+def test_broken_files_are_one_line_errors(tmp_path):
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG broken")
+    with pytest.raises(ValueError, match="cannot read it as an image"):
+        read_rgb(tmp_path / "broken.png")
+
+
 def test_load_image_sizes(model):
     photo = PHOTOS / "china.jpg"
     assert linvit.load_image(photo, model).shape == (3, 224, 224)  # the model's data config

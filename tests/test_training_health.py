@@ -32,9 +32,9 @@ def test_every_parameter_gets_a_finite_nonzero_gradient(spec):
     """Not just the patch embedding: each block's projections, norms and every InfSA discount (theta)."""
     torch.manual_seed(0)
     model = _build(spec).train()
-    for module in model.modules():  # timm zero-inits some biases and heads; give every parameter a value
-        for p in module.parameters(recurse=False):
-            torch.nn.init.normal_(p, std=0.2) if p.dim() == 1 else None
+    for p in model.parameters():  # timm zero-inits some biases; give every vector parameter a value
+        if p.dim() == 1:
+            torch.nn.init.normal_(p, std=0.2)
     images, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     torch.nn.functional.cross_entropy(model(images), labels).backward()
     thetas = [n for n, _ in model.named_parameters() if n.endswith("theta")]

@@ -10,15 +10,20 @@ import torch.distributed as dist
 from .errors import UsageError
 
 
-def init_distributed(device: str = "auto") -> tuple[int, int, torch.device]:
-    """Join the torchrun process group if launched by torchrun; returns (rank, world_size, device)."""
-    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+def resolve_device(device: str = "auto") -> torch.device:
+    """--device auto|cpu|cuda as a torch.device (this process's LOCAL_RANK GPU under torchrun)."""
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda requested but torch sees no CUDA device")
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if use_cuda else "cpu")
+
+
+def init_distributed(device: str = "auto") -> tuple[int, int, torch.device]:
+    """Join the torchrun process group if launched by torchrun; returns (rank, world_size, device)."""
+    dev = resolve_device(device)
+    use_cuda = dev.type == "cuda"
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():

@@ -27,6 +27,7 @@ from .ops.infsa import DENSE_MAX_SCORES
 from .utils.artifacts import read_run_config
 
 FORMATS = ("onnx", "pt2", "torchscript")
+ONNX_TOLERANCE = 1e-4  # max abs difference to PyTorch in float32
 SUFFIX_FORMATS = {".onnx": "onnx", ".pt2": "pt2", ".pt": "torchscript", ".ts": "torchscript"}
 
 
@@ -38,9 +39,6 @@ def resolve_format(fmt: str | None, out: Path) -> str:
     if fmt is not None and implied is not None and fmt != implied:
         raise UsageError(f"--out {out} names a {implied} file but --format is {fmt}")
     return fmt or implied
-
-
-ONNX_TOLERANCE = 1e-4  # max abs difference to PyTorch in float32
 
 
 def load_export_model(spec: str, model_kwargs: dict, img_size: tuple[int, int]) -> tuple[nn.Module, str]:

@@ -26,10 +26,11 @@ from timm.data import create_transform, resolve_model_data_config
 from torchvision.transforms import functional as TF
 from tqdm import tqdm
 
+from .distributed import resolve_device
 from .errors import UsageError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp")
-DEFAULT_MAX_PIXELS = 2**28  # 268 megapixels (16384 x 16384); PIL's own guard stops at 179
+DEFAULT_MAX_PIXELS = 2**28  # 268 megapixels (16384 x 16384); read_rgb's own guard, in place of PIL's
 
 
 def find_images(specs: Iterable[str | Path]) -> list[Path]:
@@ -52,6 +53,8 @@ def find_images(specs: Iterable[str | Path]) -> list[Path]:
 def read_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     """The picture at path as 8-bit RGB, upright (EXIF), 16-bit scaled down, transparency over white."""
     path = Path(path)
+    pil_guard = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # the check below replaces PIL's, which would refuse 179 MP whatever max_pixels says
     try:
         with Image.open(path) as image:
             if image.width * image.height > max_pixels:
@@ -63,14 +66,18 @@ def read_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Im
             return _to_rgb(image)
     except UsageError:
         raise
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+    except (OSError, SyntaxError, ValueError) as err:
         raise UsageError(f"{path}: cannot read it as an image ({type(err).__name__}: {err})") from err
+    finally:
+        Image.MAX_IMAGE_PIXELS = pil_guard
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit / 32-bit greyscale: scale to 0..255
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit, 32-bit or float greyscale: scale to 0..255
         values = np.asarray(image, dtype=np.float64)
         top = 65535.0 if image.mode.startswith("I;16") or values.max() > 255 else 255.0
+        if image.mode == "F" and values.max() <= 1.0:
+            top = 1.0  # float images in [0, 1]
         image = Image.fromarray(np.clip(values / top * 255.0, 0, 255).round().astype(np.uint8), mode="L")
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         rgba = image.convert("RGBA")
@@ -174,10 +181,8 @@ def run_predict(args) -> list[dict]:
     """`linvit predict`: top-k per image to stdout and, with --out, one JSON line per image."""
     paths = find_images(args.images)
     model = load_model(args)
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda requested but torch sees no CUDA device")
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = resolve_device(args.device)
+    max_pixels = args.max_pixels or DEFAULT_MAX_PIXELS
     img_size = None if args.img_size is None else (args.img_size * 2)[:2]
     if args.out and Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is a folder; give the file to write, e.g. {Path(args.out) / 'preds.jsonl'}")
@@ -185,7 +190,7 @@ def run_predict(args) -> list[dict]:
     for start in tqdm(range(0, len(paths), args.batch_size), desc="predict", unit="batch", disable=not args.progress):
         chunk = paths[start : start + args.batch_size]
         tick = time.perf_counter()
-        tensors = [load_image(p, model, img_size, args.native, args.max_pixels) for p in chunk]
+        tensors = [load_image(p, model, img_size, args.native, max_pixels) for p in chunk]
         outputs = predict(model, tensors, args.topk, batch_size=args.batch_size, device=device, amp=args.amp)
         seconds = (time.perf_counter() - tick) / len(chunk)
         for path, tensor, out in zip(chunk, tensors, outputs, strict=True):

@@ -189,7 +189,10 @@ def _grid(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
 
 
 def _grid_tokens(model: nn.Module, images: torch.Tensor) -> int | None:
-    return None if not hasattr(model, "patch_embed") else _grid(model, images)[0] * _grid(model, images)[1]
+    if not hasattr(model, "patch_embed"):
+        return None
+    h, w = _grid(model, images)
+    return h * w
 
 
 def _prefix(model: nn.Module) -> int:
