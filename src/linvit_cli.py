@@ -133,6 +133,7 @@ def _add_convert_arg(p: argparse.ArgumentParser) -> None:
 
 
 KWARGS_HELP = "extra timm.create_model kwargs"
+METHODS_HELP = "linear|column|katz|perron|cls|rollout|grad (default: the model's own)"
 
 
 def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
@@ -189,6 +190,16 @@ def _add_detect_args(p: argparse.ArgumentParser, model_required: bool = True) ->
     p.add_argument("--anchor-base", type=POSITIVE, default=32, help="anchor size of the finest level (x2 per level)")
     p.add_argument("--pyramid-channels", type=POSITIVE, default=256)
     _add_runtime_args(p, batch_size=2)
+
+
+def _add_dense_predict_args(p: argparse.ArgumentParser, out_help: str) -> None:
+    p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
+    p.add_argument("--checkpoint", required=True, help="the run folder of a finished training run")
+    p.add_argument("--out", default=None, help=out_help)
+    p.add_argument("--draw", default=None, metavar="DIR", help="drawn pictures: DIR/<name>.png at each image's size")
+    p.add_argument("--max-pixels", type=POSITIVE, default=None, help="refuse larger images (default 2^28)")
+    _add_device_args(p)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the images")
 
 
 def _add_dense_train_args(p: argparse.ArgumentParser, splits: tuple[str, str], epochs: int) -> None:
@@ -381,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="importance maps, MoRF/LeRF, box ROC/PR-AUC, pointing game")
     _add_analysis_args(p, limit=64)
     p.add_argument("--boxes", default=None, help="boxes.json or a folder of VOC XML files (default DATA/boxes.json)")
-    p.add_argument("--method", default=None, help="linear|column|katz|perron|cls|rollout|grad (default: the model's)")
+    p.add_argument("--method", default=None, help=METHODS_HELP)
     p.add_argument("--layer", default="mean", help="layer index or 'mean'")
     p.add_argument("--steps", type=POSITIVE, default=10, help="perturbation steps")
     p.add_argument("--tolerance", type=float, default=15.0, help="pointing-game tolerance in pixels")
@@ -424,6 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))
 
+    e = seg.add_parser("predict", help="class maps and colour overlays of your own images")
+    _add_dense_predict_args(e, "segs.jsonl: one JSON line per image (path, size, share of pixels per class)")
+    e.add_argument("--img-size", type=POSITIVE, default=None, help="resize the shorter side (default: the run's)")
+    e.set_defaults(func=_runner("dense_inference", "run_segment_predict"))
+
     p = sub.add_parser("detect", help="object detection: Faster R-CNN / RetinaNet / Mask R-CNN on a backbone's pyramid")
     det = p.add_subparsers(dest="detect_command", required=True)
     t = det.add_parser("train", help="train a detector on COCO-format data (torchrun for DDP)")
@@ -443,6 +459,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True, help="folder for detections.json and metrics.json")
     e.set_defaults(func=_runner("detect.engine", "run_detect_eval"))
 
+    e = det.add_parser("predict", help="boxes, labels and scores (masks for Mask R-CNN) on your own images")
+    _add_dense_predict_args(e, "dets.jsonl: one JSON line per image (path, size, boxes, labels, scores)")
+    e.add_argument("--score-thresh", type=float, default=0.5, help="keep detections scoring at least this")
+    e.set_defaults(func=_runner("dense_inference", "run_detect_predict"))
+
     p = sub.add_parser("predict", help="top-k classes of your own images (files, folders, globs) at any size")
     p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
     _add_model_args(
@@ -456,7 +477,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topk", type=POSITIVE, default=5)
     p.add_argument("--out", default=None, help="preds.jsonl: one JSON line per image (path, size, top-k, seconds)")
     p.add_argument("--batch-size", type=POSITIVE, default=8, help="images read together; equal sizes run as a batch")
+    p.add_argument(
+        "--maps",
+        default=None,
+        metavar="DIR",
+        help="per image: its importance map over the picture (DIR/<name>.png, original size) and raw (.npy)",
+    )
+    p.add_argument("--method", default=None, help=f"map method: {METHODS_HELP}")
     _add_device_args(p)
+    _add_compile_arg(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the images")
     p.set_defaults(func=_runner("inference", "run_predict", _check_optional_img_size))
 

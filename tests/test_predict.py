@@ -106,3 +106,75 @@ def test_predict_command_writes_one_json_line_per_image(tmp_path, capsys):
     assert "china.jpg: " in capsys.readouterr().out
     assert cli_main(["predict", str(PHOTOS)]) == 2
     assert "--checkpoint RUN" in capsys.readouterr().err
+
+
+def test_seen_box_is_the_region_timms_eval_transform_keeps():
+    """A picture whose red channel is its x coordinate and green its y: the transformed corners read back the box."""
+    from timm.data import create_transform
+
+    from linvit.explain.overlay import seen_box
+
+    width, height = 640, 400
+    xs, ys = np.meshgrid(np.arange(width) * 255 / (width - 1), np.arange(height) * 255 / (height - 1))
+    picture = Image.fromarray(np.stack([xs, ys, xs * 0], -1).round().astype(np.uint8))
+    config = {"input_size": (3, 64, 64), "crop_pct": 0.8, "interpolation": "bilinear", "crop_mode": "center"}
+    config.update(mean=(0, 0, 0), std=(1, 1, 1))
+    seen = create_transform(**config, is_training=False)(picture) * 255
+    left, top, right, bottom = seen_box((width, height), config)
+    assert (right - left, bottom - top) == pytest.approx((320, 320))  # 400 / (64 / 0.8) * 64
+    pixel = 320 / 64  # one output pixel in original pixels; its centre is half of one in from the box's edge
+    for got, want, side in [
+        (seen[0, 32, 0], left, width),
+        (seen[0, 32, -1], right, width),
+        (seen[1, 0, 32], top, height),
+    ]:
+        edge = want + (pixel / 2 if want in (left, top) else -pixel / 2)
+        assert float(got) * (side - 1) / 255 == pytest.approx(edge, abs=2.5)
+    assert seen_box((width, height), None) == (0, 0, width, height)
+
+
+def test_overlay_keeps_the_size_and_dims_only_what_the_model_did_not_see():
+    from linvit.explain.overlay import OUTSIDE_DIM, colour_table, overlay
+
+    picture = Image.new("RGB", (50, 30), (200, 100, 40))
+    ramp = np.arange(12, dtype=np.float32).reshape(3, 4)
+    drawn = np.asarray(overlay(picture, ramp, box=(10, 0, 40, 30), alpha=0.5))
+    assert drawn.shape == (30, 50, 3)
+    assert tuple(drawn[5, 2]) == tuple(int(v * OUTSIDE_DIM) for v in (200, 100, 40))  # left of the box
+    cold, hot = colour_table()[0].astype(int), colour_table()[255].astype(int)
+    assert np.abs(drawn[0, 10].astype(int) - (np.array([200, 100, 40]) + cold) / 2).max() <= 1  # lowest value
+    assert np.abs(drawn[29, 39].astype(int) - (np.array([200, 100, 40]) + hot) / 2).max() <= 1  # highest value
+    flat = np.asarray(overlay(picture, np.ones((3, 4)), alpha=1.0))
+    assert (flat == colour_table()[0]).all()  # a constant map is one colour, not noise stretched to full range
+
+
+def test_predict_maps_are_overlays_at_the_original_size(tmp_path):
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    Image.open(PHOTOS / "china.jpg").save(tmp_path / "in" / "china.png")
+    Image.open(PHOTOS / "flower.jpg").resize((200, 120)).save(tmp_path / "in" / "sub" / "flower.png")
+    name = "linear_infvit_tiny_patch16_224"
+    out, maps = tmp_path / "preds.jsonl", tmp_path / "maps"
+    argv = ["predict", str(tmp_path / "in"), "--model", name, "--model-kwargs", "depth=1", "--img-size", "64", "96"]
+    assert cli_main([*argv, "--maps", str(maps), "--out", str(out), "--no-progress", "--method", "column"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [Path(r["map"]).relative_to(maps).as_posix() for r in rows] == ["china.png", "sub/flower.png"]
+    assert {r["map_method"] for r in rows} == {"column"}
+    assert Image.open(maps / "china.png").size == (640, 427) and Image.open(maps / "sub" / "flower.png").size == (
+        200,
+        120,
+    )
+    assert np.load(maps / "sub" / "flower.npy").shape == (4, 6)  # the 64 x 96 input's patch grid
+    assert cli_main(["predict", str(tmp_path / "in"), "--model", name, "--maps", str(maps), "--method", "nope"]) == 2
+
+
+def test_predict_maps_match_importance_maps(tmp_path, model):
+    from linvit.explain.maps import importance_maps
+    from linvit.inference import MapWriter
+
+    picture = read_rgb(PHOTOS / "flower.jpg")
+    tensor = linvit.load_image(PHOTOS / "flower.jpg", model, native=True)
+    writer = MapWriter(model, tmp_path, None, [PHOTOS / "flower.jpg"], crop=False)
+    record = writer.write(PHOTOS / "flower.jpg", picture, tensor)
+    expected = importance_maps(model, tensor[None]).patch[0].numpy()
+    np.testing.assert_array_equal(np.load(tmp_path / "flower.npy"), expected)
+    assert record["map_method"] == "linear" and expected.shape == (27, 40)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -107,7 +108,13 @@ def load_image(
     max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> torch.Tensor:
     """A (3, H, W) float tensor ready for model: its data config by default, exactly img_size, or native size."""
-    image = read_rgb(path, max_pixels)
+    return prepare_image(read_rgb(path, max_pixels), model, img_size, native)
+
+
+def prepare_image(
+    image: Image.Image, model: nn.Module, img_size: int | Sequence[int] | None = None, native: bool = False
+) -> torch.Tensor:
+    """An RGB picture as model input (see load_image); normalised in place, so an 8K picture costs one float copy."""
     config = resolve_model_data_config(model)
     if img_size is None and not native:
         return create_transform(**config, is_training=False)(image)
@@ -119,10 +126,12 @@ def load_image(
         size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         if len(size) != 2:
             raise UsageError(f"img_size takes one side or (H, W), got {img_size}")
-    tensor = TF.to_tensor(image)
-    if tuple(tensor.shape[-2:]) != size:
+    tensor = TF.pil_to_tensor(image)
+    if tuple(size) != (image.height, image.width):  # resized as uint8, like timm's PIL transforms
         tensor = TF.resize(tensor, list(size), interpolation=TF.InterpolationMode.BICUBIC, antialias=True)
-    return TF.normalize(tensor.clamp(0, 1), config["mean"], config["std"])
+    mean = torch.tensor(config["mean"]).reshape(3, 1, 1) * 255
+    std = torch.tensor(config["std"]).reshape(3, 1, 1) * 255
+    return tensor.float().sub_(mean).div_(std)
 
 
 @torch.no_grad()
@@ -178,30 +187,87 @@ def load_model(args) -> nn.Module:
 
 
 def run_predict(args) -> list[dict]:
-    """`linvit predict`: top-k per image to stdout and, with --out, one JSON line per image."""
+    """`linvit predict`: top-k per image to stdout, with --out one JSON line per image, with --maps overlays."""
+    from .utils.compile import compile_model
+
     paths = find_images(args.images)
     model = load_model(args)
     device = resolve_device(args.device)
     max_pixels = args.max_pixels or DEFAULT_MAX_PIXELS
     img_size = None if args.img_size is None else (args.img_size * 2)[:2]
-    if args.out and Path(args.out).is_dir():
-        raise UsageError(f"--out {args.out} is a folder; give the file to write, e.g. {Path(args.out) / 'preds.jsonl'}")
+    check_out_file(args.out, "preds.jsonl")
+    cropped = img_size is None and not args.native  # the model's data config: resize and centre crop
+    maps = MapWriter(model, args.maps, args.method, paths, crop=cropped) if args.maps else None
+    runner = compile_model(model.eval().to(device), args.compile)
     records = []
     for start in tqdm(range(0, len(paths), args.batch_size), desc="predict", unit="batch", disable=not args.progress):
         chunk = paths[start : start + args.batch_size]
         tick = time.perf_counter()
-        tensors = [load_image(p, model, img_size, args.native, max_pixels) for p in chunk]
-        outputs = predict(model, tensors, args.topk, batch_size=args.batch_size, device=device, amp=args.amp)
+        pictures = [read_rgb(p, max_pixels) for p in chunk]
+        tensors = [prepare_image(picture, model, img_size, args.native) for picture in pictures]
+        names = getattr(model, "label_names", None)
+        outputs = predict(runner, tensors, args.topk, names, args.batch_size, device, args.amp)
         seconds = (time.perf_counter() - tick) / len(chunk)
-        for path, tensor, out in zip(chunk, tensors, outputs, strict=True):
-            records.append({"path": str(path), "size": list(tensor.shape[-2:]), **out, "seconds": round(seconds, 4)})
+        for path, picture, tensor, out in zip(chunk, pictures, tensors, outputs, strict=True):
+            record = {"path": str(path), "size": list(tensor.shape[-2:]), **out, "seconds": round(seconds, 4)}
+            if maps is not None:
+                record.update(maps.write(path, picture, tensor.to(device)))
+            records.append(record)
             top = out["topk"][0]
             print(f"{path}: {top['label']} ({top['prob']:.3f})" + _rest(out["topk"][1:]))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps(r) + "\n" for r in records))
+        write_jsonl(args.out, records)
     return records
+
+
+def check_out_file(out: str | None, example: str) -> None:
+    """--out names a file to write, not a folder."""
+    if out and Path(out).is_dir():
+        raise UsageError(f"--out {out} is a folder; give the file to write, e.g. {Path(out) / example}")
+
+
+def write_jsonl(path: str | Path, records: Sequence[dict]) -> None:
+    """One JSON line per record (the file's folder is made)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def common_folder(paths: Sequence[Path]) -> Path:
+    """The deepest folder holding every image (outputs mirror the images' paths below it)."""
+    return Path(os.path.commonpath([p.resolve().parent for p in paths])) if paths else Path(".")
+
+
+def mirrored_path(path: Path, root: Path, folder: Path, suffix: str) -> Path:
+    """folder/<path below root, with suffix>, its folder made: a.jpg and sub/a.jpg do not collide."""
+    target = folder / path.resolve().relative_to(root).with_suffix(suffix)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+class MapWriter:
+    """Per image: the model's importance map as DIR/<name>.png (over the original picture, at its size) and the
+    raw patch-grid map as DIR/<name>.npy; names mirror the images' paths below their common folder."""
+
+    def __init__(self, model: nn.Module, folder: str | Path, method: str | None, paths: Sequence[Path], crop: bool):
+        from .explain.maps import METHODS
+
+        if method is not None and method not in METHODS:
+            raise UsageError(f"--method {method!r}: choose from {', '.join(METHODS)}")
+        self.model, self.method, self.folder = model, method, Path(folder)
+        self.config = resolve_model_data_config(model) if crop else None
+        self.root = common_folder(paths)
+
+    def write(self, path: Path, picture: Image.Image, tensor: torch.Tensor) -> dict:
+        from .explain.maps import importance_maps
+        from .explain.overlay import overlay, seen_box
+
+        maps = importance_maps(self.model, tensor[None], self.method, upsample=False)
+        patch_map = maps.patch[0].cpu().numpy()
+        target = mirrored_path(path, self.root, self.folder, ".png")
+        np.save(target.with_suffix(".npy"), patch_map)
+        overlay(picture, patch_map, seen_box(picture.size, self.config)).save(target)
+        return {"map": str(target), "map_method": maps.method}
 
 
 def _rest(others: list[dict]) -> str:

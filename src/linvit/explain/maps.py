@@ -51,10 +51,11 @@ DENSE_MAP_MAX_BYTES = 2**32
 
 @dataclass
 class ImportanceMaps:
-    """patch: (B, h, w) maps of the chosen layer(s); image: (B, H, W) upsampled; layers: (B, L, h, w) or None."""
+    """patch: (B, h, w) maps of the chosen layer(s); image: (B, H, W) upsampled (None with upsample=False);
+    layers: (B, L, h, w) or None."""
 
     patch: torch.Tensor
-    image: torch.Tensor
+    image: torch.Tensor | None
     layers: torch.Tensor | None
     method: str
 
@@ -90,14 +91,21 @@ def attention_mixers(model: nn.Module, method: str) -> list[nn.Module]:
 
 @contextlib.contextmanager
 def whole_tensor_forward(model: nn.Module):
-    """Token chunking off for the duration: the chunked forward streams each mixer's input in chunks through
-    its streaming passes, past forward hooks, so a capture needs the whole-tensor path."""
-    chunked = [(m, m.token_chunk) for m in model.modules() if hasattr(m, "set_token_chunk")]
+    """Every mixer sees its whole input for the duration (the chunked forward streams mixer inputs in chunks
+    through its streaming passes, past forward hooks). Models that can keep their token-wise work chunked
+    while doing so (``whole_mixer_inputs``) do, so a capture at 8K costs little more than inference; others
+    turn chunking off."""
+    switched = [m for m in model.modules() if hasattr(m, "whole_mixer_inputs")]
+    chunked = [(m, m.token_chunk) for m in model.modules() if hasattr(m, "set_token_chunk") and m not in switched]
+    for m in switched:
+        m.whole_mixer_inputs = True
     for m, _ in chunked:
         m.set_token_chunk(None)
     try:
         yield
     finally:
+        for m in switched:
+            m.whole_mixer_inputs = False
         for m, setting in chunked:
             m.set_token_chunk(setting)
 
@@ -226,6 +234,7 @@ def importance_maps(
     method: str | None = None,
     layer: int | str = "mean",
     target: torch.Tensor | None = None,
+    upsample: bool = True,
 ) -> ImportanceMaps:
     """One importance map per image, on the patch grid and upsampled (bilinear) to the image.
 
@@ -235,6 +244,7 @@ def importance_maps(
         method: see the module docstring; default: default_method(model, tokens per image).
         layer: layer index (negative from the end) or "mean" over layers (ignored by cls/rollout/grad).
         target: classes for "grad" (default: the predicted class).
+        upsample: also return the map at image size (at 8K, 256 MB per image: off when only the grid is needed).
     """
     method = method or default_method(model, _grid_tokens(model, images))
     if method not in METHODS:
@@ -265,5 +275,7 @@ def importance_maps(
     finally:
         model.train(was_training)
     patch = patch.float()
-    image = F.interpolate(patch[:, None], size=images.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
+    image = None
+    if upsample:
+        image = F.interpolate(patch[:, None], size=images.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
     return ImportanceMaps(patch=patch, image=image, layers=None if layers is None else layers.float(), method=method)

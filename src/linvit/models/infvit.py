@@ -69,6 +69,7 @@ class InfViT(VisionTransformer):
         super().__init__(attn_layer=MIXERS[mixer], embed_layer=CheckedPatchEmbed, **kwargs)
         self.mixer = mixer
         self.token_chunk = token_chunk
+        self.whole_mixer_inputs = False  # set by linvit.explain's capture: see _forward_features_chunked
         self.patch_embed.check_finite = check_finite
         for module in self.modules():
             if isinstance(module, PureInfSAAttention):
@@ -161,13 +162,20 @@ class InfViT(VisionTransformer):
 
     @torch.no_grad()
     def _forward_features_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
-        """Inference with token-wise work in chunks and the residual stream updated in place."""
+        """Inference with token-wise work in chunks and the residual stream updated in place.
+
+        With ``whole_mixer_inputs`` (the importance-map capture), every mixer is called once on its whole
+        input, so forward hooks see it, while norms and MLPs stay chunked: the largest activations, the
+        MLP's 4C-wide ones, never exist for all tokens at once.
+        """
         x = self.norm_pre(self.patch_drop(self.pos_drop(self._embed_chunked(x, chunk))))
         N = x.shape[1]
         spans = [(s, min(s + chunk, N)) for s in range(0, N, chunk)]
         for blk in self.blocks:
             attn = blk.attn
-            if isinstance(attn, LinearInfSAAttention) and attn.fold_kv and isinstance(attn.k_norm, torch.nn.Identity):
+            if self.whole_mixer_inputs:
+                x = x + blk.ls1(attn(blk.norm1(x)))
+            elif isinstance(attn, LinearInfSAAttention) and attn.fold_kv and isinstance(attn.k_norm, torch.nn.Identity):
                 x.add_(blk.ls1(attn.pooled_output(_Chunks(x, spans, blk.norm1))))  # (B, 1, C) broadcast
             elif isinstance(attn, KatzInfSAAttention):
                 mixing = attn.streamed_mixing(_Chunks(x, spans, blk.norm1))  # pass 1 reads every token
