@@ -489,6 +489,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the images")
     p.set_defaults(func=_runner("inference", "run_predict", _check_optional_img_size))
 
+    p = sub.add_parser("demo", help="a local web page: upload a picture, see top-k and maps of one or two runs")
+    p.add_argument("--checkpoint", nargs="+", default=None, metavar="RUN", help="one or two run folders to compare")
+    p.add_argument("--model", default=None, help="without --checkpoint: this model with random weights")
+    p.add_argument("--topk", type=POSITIVE, default=5)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=POSITIVE, default=7860)
+    p.set_defaults(func=_runner("demo", "run_demo"))
+
     p = sub.add_parser("export", help="ONNX / torch.export (.pt2) / TorchScript file, checked against PyTorch")
     _add_model_args(p, "registered model name, or a `linvit train` run folder (its trained weights)", KWARGS_HELP)
     p.add_argument(

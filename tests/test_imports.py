@@ -31,6 +31,7 @@ TIERS = {
     "export": 5,
     "runs": 6,
     "inference": 6,
+    "demo": 6,
     "dense_inference": 6,
     "reproduce": 6,
     "cli": 7,
