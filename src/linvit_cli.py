@@ -123,16 +123,17 @@ MODEL_HELP = "registered model name, optionally with a :variant suffix"
 CONVERT_VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.conversion.VARIANTS, without importing it
 
 
-def _add_convert_arg(p: argparse.ArgumentParser) -> None:
+def _add_convert_arg(p: argparse.ArgumentParser, source: str = "--pretrained-file") -> None:
     p.add_argument(
         "--convert",
         choices=CONVERT_VARIANTS,
         default=None,
-        help="convert the model's softmax attention to InfSA (linvit.convert) after loading --pretrained-file",
+        help=f"convert the model's softmax attention to InfSA (linvit.convert) after loading {source}",
     )
 
 
 KWARGS_HELP = "extra timm.create_model kwargs"
+CHECKPOINT_SOURCE = "--checkpoint (softmax weights; a converted run's weights load after it)"
 METHODS_HELP = "linear|column|katz|perron|cls|rollout|grad (default: the model's own)"
 
 
@@ -385,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="evaluate the EMA weights of a checkpoint that holds them (default: yes), or --no-ema for the raw ones",
     )
-    _add_convert_arg(p)
+    _add_convert_arg(p, CHECKPOINT_SOURCE)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the batches")
     p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     p.set_defaults(func=_runner("evaluate", "run_eval"))
 
@@ -430,8 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a segment train run folder (the model comes from its args.yaml unless --model is given) or weights",
     )
-    _add_convert_arg(e)
+    _add_convert_arg(e, CHECKPOINT_SOURCE)
     e.add_argument("--flops-at", type=POSITIVE, default=None, metavar="PX", help="also count GMACs at PX x PX")
+    e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the batches")
     e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))
 
@@ -455,7 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--checkpoint", default=None, help="a detect train run folder (the model comes from its args.yaml) or weights"
     )
-    _add_convert_arg(e)
+    _add_convert_arg(e, CHECKPOINT_SOURCE)
+    e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the batches")
     e.add_argument("--out", required=True, help="folder for detections.json and metrics.json")
     e.set_defaults(func=_runner("detect.engine", "run_detect_eval"))
 

@@ -198,7 +198,13 @@ def run_eval(args) -> dict:
         dataset = SafeImageFolder(root, transform=create_transform(**config, is_training=False))
         model.to(device)
         loader = eval_loader(dataset, args.batch_size, args.workers, rank, world)
-        metrics = evaluate(compile_model(model, args.compile), loader, device, args.amp, progress=rank == 0)
+        metrics = evaluate(
+            compile_model(model, args.compile),
+            loader,
+            device,
+            args.amp,
+            progress=rank == 0 and getattr(args, "progress", True),
+        )
         metrics.update(
             model=args.model, checkpoint=args.checkpoint, weights=weights, split=args.split, data=str(args.data)
         )

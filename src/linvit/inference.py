@@ -205,6 +205,8 @@ def run_predict(args) -> list[dict]:
         tick = time.perf_counter()
         pictures = [read_rgb(p, max_pixels) for p in chunk]
         tensors = [prepare_image(picture, model, img_size, args.native) for picture in pictures]
+        if maps is None:  # the pictures are needed again only to draw maps on; at 8K each is 200 MB
+            pictures = [None] * len(chunk)
         names = getattr(model, "label_names", None)
         outputs = predict(runner, tensors, args.topk, names, args.batch_size, device, args.amp)
         seconds = (time.perf_counter() - tick) / len(chunk)

@@ -128,18 +128,22 @@ def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, bat
 
 
 def run_models(args) -> None:
-    """`linvit models`: registered models with parameter counts (GMACs with --macs, ATen ops with --ops)."""
+    """`linvit models`: registered models with parameter counts (GMACs with --macs, ATen ops with --ops).
+
+    Without --macs / --ops the models are built on the meta device (shapes only), so listing is instant."""
     import timm
 
     from linvit import list_models
 
-    names = list_models(args.filter)
+    names = list_models(model_filter(args.filter))
     if not names:
         raise UsageError(f"no model matches {args.filter!r}")
     rows = []
     x = torch.zeros(1, 3, args.img_size, args.img_size)
     for name in names:
-        model = timm.create_model(name).eval()
+        measure = args.macs or args.ops
+        with torch.device("cpu" if measure else "meta"):
+            model = timm.create_model(name).eval()
         row = {"model": name, "params": sum(p.numel() for p in model.parameters())}
         with torch.no_grad():
             if args.macs:
@@ -151,5 +155,28 @@ def run_models(args) -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    for row in rows:
-        print("  ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()))
+    print(models_table(rows))
+
+
+def model_filter(text: str) -> str:
+    """A plain word matches anywhere, case-insensitively ("Linear" -> "*linear*"); wildcards are kept."""
+    text = text.lower()
+    return text if any(c in text for c in "*?[") or not text else f"*{text}*"
+
+
+def models_table(rows: list[dict]) -> str:
+    """Aligned columns with a header row and units (params in millions)."""
+    titles = {"model": "model", "params": "params (M)"}
+    for key in rows[0]:
+        if key.startswith("gmacs@"):
+            titles[key] = f"GMACs @{key.split('@')[1]} px"
+        elif key.startswith("ops@"):
+            titles[key] = f"ATen ops @{key.split('@')[1]} px"
+    cells = [[str(r["model"]), f"{r['params'] / 1e6:.2f}", *[f"{r[k]:,}" for k in list(titles)[2:]]] for r in rows]
+    table = [list(titles.values()), *cells]
+    widths = [max(len(row[i]) for row in table) for i in range(len(titles))]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in table
+    ]
+    return "\n".join(lines)

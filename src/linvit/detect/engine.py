@@ -189,7 +189,9 @@ def run_detect_eval(args) -> dict:
             load_weights(model, args.checkpoint)
         model.to(device)
         loader = eval_loader(data, args.batch_size, args.workers, rank, world, collate_fn=collate_detection)
-        stats, text, results = evaluate_detection(model, loader, data, device, args.amp, progress=rank == 0)
+        stats, text, results = evaluate_detection(
+            model, loader, data, device, args.amp, progress=rank == 0 and getattr(args, "progress", True)
+        )
         metrics = {**stats, "model": args.model, "detector": args.detector, "checkpoint": args.checkpoint}
         metrics.update({k: getattr(args, k) for k in ("min_size", "max_size", "anchor_base", "model_kwargs")})
         metrics.update(images=len(data), detections=len(results), skipped_annotations=dict(data.skipped))

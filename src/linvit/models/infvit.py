@@ -8,6 +8,8 @@ so forward_intermediates, features_only, grad checkpointing and checkpoint filte
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from timm.layers import Attention, register_notrace_function, resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
@@ -125,22 +127,25 @@ class InfViT(VisionTransformer):
         return self._timm_forward_features(x, attn_mask, is_causal)
 
     def _embed_chunked(self, images: torch.Tensor, chunk: int) -> torch.Tensor:
-        """Patch embedding + position embedding with at most ~2 token-sized tensors alive.
+        """Patch embedding + position embedding with one token-sized tensor alive (the output).
 
-        The tokens are written straight into the (prefix + N, C) buffer, and the resampled position
-        embedding is added in bands of rows: the bicubic resampling is separable, so each band is
-        interpolated along W from a small (H, grid_w) intermediate instead of materialising N x C.
+        The tokens are embedded in bands of patch rows, each written straight into the (prefix + N, C) buffer,
+        and the resampled position embedding is added in bands of rows: the bicubic resampling is separable,
+        so each band is interpolated along W from a small (H, grid_w) intermediate instead of N x C.
         """
-        tokens = self.patch_embed(images)  # NHWC view of the conv output (dynamic size) or NLC
-        B, C = tokens.shape[0], tokens.shape[-1]
-        H, W = tokens.shape[1:3] if tokens.dim() == 4 else self.patch_embed.grid_size
+        B, P = images.shape[0], self.num_prefix_tokens
+        H, W, bands = self._embedded_bands(images, chunk)
+        x = None
+        for r0, r1, embed in bands:
+            tokens = embed()
+            if x is None:
+                C = tokens.shape[-1]
+                x = torch.empty(B, P + H * W, C, dtype=tokens.dtype, device=tokens.device)
+            x[:, P + r0 * W : P + r1 * W].view(B, r1 - r0, W, C).copy_(tokens)
+            del tokens
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
-        P = sum(t.shape[1] for t in prefix)
-        x = torch.empty(B, P + H * W, C, dtype=tokens.dtype, device=tokens.device)
         if prefix:
             x[:, :P] = torch.cat(prefix, dim=1)
-        x[:, P:].view(B, H, W, C).copy_(tokens.reshape(B, H, W, C))
-        del tokens
         pos = self.pos_embed
         if pos is None:
             return x
@@ -160,6 +165,26 @@ class InfViT(VisionTransformer):
             x[:, P + r0 * W : P + r1 * W] += band.permute(0, 2, 3, 1).reshape(1, -1, C).to(x.dtype)
         return x
 
+    def _embedded_bands(self, images: torch.Tensor, chunk: int) -> tuple[int, int, list]:
+        """The token grid (H, W) and a list of (first row, end row, band) whose bands are embedded lazily, each
+        (B, rows, W, C) for about chunk tokens: patches do not overlap, so embedding a band of patch rows equals
+        that band of the whole embedding."""
+        if not self.dynamic_img_size or self.patch_embed.proj.stride != self.patch_embed.proj.kernel_size:
+            tokens = self.patch_embed(images)  # one piece: a fixed-size or overlapping embedding
+            tokens = tokens if tokens.dim() == 4 else tokens.view(tokens.shape[0], *self.patch_embed.grid_size, -1)
+            return tokens.shape[1], tokens.shape[2], [(0, tokens.shape[1], lambda: tokens)]
+        H, W = self.patch_embed.dynamic_feat_size(images.shape[-2:])
+        step, rows = self.patch_embed.patch_size[0], max(1, chunk // W)
+        spans = [(r0, min(H, r0 + rows)) for r0 in range(0, H, rows)]
+        return (
+            H,
+            W,
+            [(r0, r1, partial(self._embed_rows, images, r0 * step, r1 * step if r1 < H else None)) for r0, r1 in spans],
+        )
+
+    def _embed_rows(self, images: torch.Tensor, top: int, bottom: int | None) -> torch.Tensor:
+        return self.patch_embed(images[:, :, top:bottom])
+
     @torch.no_grad()
     def _forward_features_chunked(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
         """Inference with token-wise work in chunks and the residual stream updated in place.
@@ -174,7 +199,7 @@ class InfViT(VisionTransformer):
         for blk in self.blocks:
             attn = blk.attn
             if self.whole_mixer_inputs:
-                x = x + blk.ls1(attn(blk.norm1(x)))
+                x.add_(blk.ls1(attn(blk.norm1(x))))  # attn read its own normalised copy: in place is safe
             elif isinstance(attn, LinearInfSAAttention) and attn.fold_kv and isinstance(attn.k_norm, torch.nn.Identity):
                 x.add_(blk.ls1(attn.pooled_output(_Chunks(x, spans, blk.norm1))))  # (B, 1, C) broadcast
             elif isinstance(attn, KatzInfSAAttention):

@@ -183,7 +183,7 @@ class WeightFormer(nn.Module):
         self.patch_embed.check_finite = check_finite
         norm_layer = LayerNorm6
         self.init_norm = norm_layer(embed_dim)
-        rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # also under a meta default device
         self.blocks = nn.ModuleList(
             WeightFormerBlock(
                 embed_dim,

@@ -184,7 +184,9 @@ def run_segment_eval(args) -> dict:
         model.to(device)
         dataset = SegmentationDataset(split, EvalTransform(args.img_size))
         loader = eval_loader(dataset, args.batch_size, args.workers, rank, world, collate_fn=collate_pairs)
-        metrics = evaluate_segmentation(model, loader, split.num_classes, device, args.amp, progress=rank == 0)
+        metrics = evaluate_segmentation(
+            model, loader, split.num_classes, device, args.amp, progress=rank == 0 and getattr(args, "progress", True)
+        )
         metrics.update(
             model=args.model,
             checkpoint=args.checkpoint,
