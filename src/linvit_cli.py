@@ -138,11 +138,15 @@ METHODS_HELP = "linear|column|katz|perron|cls|rollout|grad (default: the model's
 
 
 def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
-    p.add_argument("--data", required=True, help="ImageNet-layout folder (DIR/<split>/<class>/*)")
-    p.add_argument("--split", default="val")
-    _add_model_args(p, MODEL_HELP, KWARGS_HELP)
-    p.add_argument("--checkpoint", default=None, help="weights (.pth/.safetensors); default: random init")
-    p.add_argument("--img-size", type=POSITIVE, default=None)
+    p.add_argument(
+        "--data", required=True, help="ImageNet-layout folder (DIR/<split>/<class>/*), or any folder of pictures"
+    )
+    p.add_argument("--split", default="val", help="DATA/SPLIT when it exists, else DATA itself")
+    _add_model_args(p, MODEL_HELP + "; without it --checkpoint is a run folder", KWARGS_HELP, False)
+    p.add_argument(
+        "--checkpoint", default=None, help="a run folder, or weights for --model (.pth/.safetensors); default: random"
+    )
+    p.add_argument("--img-size", type=POSITIVE, nargs="+", default=None, metavar="PX", help="input side, or H W")
     p.add_argument("--crop-pct", type=float, default=None)
     p.add_argument("--limit", type=POSITIVE, default=limit, help="images used (spread evenly over the split)")
     p.add_argument("--seed", type=int, default=0, help="seed for the model's initialisation (without --checkpoint)")
@@ -235,6 +239,11 @@ def _check_crop(args: argparse.Namespace) -> None:
 def _check_optional_img_size(args: argparse.Namespace) -> None:
     if args.img_size is not None:
         _check_img_size(args)
+
+
+def _check_explain_args(args: argparse.Namespace) -> None:
+    _layer_arg(args)
+    _check_optional_img_size(args)
 
 
 def _check_img_size(args: argparse.Namespace) -> None:
@@ -400,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=15.0, help="pointing-game tolerance in pixels")
     p.add_argument("--batch-size", type=POSITIVE, default=16)
     p.add_argument("--out", required=True)
-    p.set_defaults(func=_runner("explain.run", "run_explain", _layer_arg))
+    p.set_defaults(func=_runner("explain.run", "run_explain", _check_explain_args))
 
     p = sub.add_parser("spectral", help="Linear-InfSA importance vs the Perron vector, spectral radius, truncation gap")
     _add_analysis_args(p, limit=8)
@@ -408,12 +417,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--depth", type=POSITIVE, default=None, help="series truncation depth (default: number of InfSA layers)"
     )
     p.add_argument("--out", required=True, help="JSON file")
-    p.set_defaults(func=_runner("explain.run", "run_spectral"))
+    p.set_defaults(func=_runner("explain.run", "run_spectral", _check_optional_img_size))
 
     p = sub.add_parser("erf", help="effective receptive field heat map (RepLKNet protocol)")
     _add_analysis_args(p, limit=16)
     p.add_argument("--out", required=True, help="output folder")
-    p.set_defaults(func=_runner("explain.run", "run_erf"))
+    p.set_defaults(func=_runner("explain.run", "run_erf", _check_optional_img_size))
 
     p = sub.add_parser("segment", help="semantic segmentation: backbone + simple feature pyramid + semantic-FPN head")
     seg = p.add_subparsers(dest="segment_command", required=True)

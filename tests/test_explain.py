@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import timm
 import torch
 import torch.nn as nn
+from PIL import Image
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 import linvit  # noqa: F401
@@ -337,3 +339,59 @@ def test_dense_maps_refuse_sizes_they_cannot_hold():
     assert default_method(model) == "katz" and default_method(model, 256 * 256) == "column"
     with pytest.raises(ValueError, match="dense 65537 x 65537 float64 .* use method='column'"):
         importance_maps(model, images, method="katz")
+
+
+@pytest.fixture(scope="module")
+def digits_and_run(tmp_path_factory):
+    """Cluttered digits (class folders "0".."9") and a one-epoch run folder trained on them."""
+    root = tmp_path_factory.mktemp("explain_run")
+    data = root / "data"
+    build_cluttered_mnist(data, canvas=32, per_class_train=1, per_class_val=1, clutter=1, progress=False)
+    run = root / "run"
+    argv = ["train", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224", "--output", str(run)]
+    argv += ["--img-size", "32", "--crop-pct", "1.0", "--workers", "0", "--epochs", "1", "--batch-size", "4"]
+    assert cli_main([*argv, "--no-progress", "--model-kwargs", "patch_size=8", "depth=1"]) == 0
+    return data, run
+
+
+def test_explain_takes_a_run_folder_and_matches_classes_by_name(digits_and_run, tmp_path):
+    data, run = digits_and_run
+    one_class = tmp_path / "sevens" / "val" / "7"
+    one_class.mkdir(parents=True)
+    for image in sorted((data / "val" / "7").iterdir()):
+        (one_class / image.name).write_bytes(image.read_bytes())
+    out = tmp_path / "out"
+    assert cli_main(["explain", "--checkpoint", str(run), "--data", str(tmp_path / "sevens"), "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["labelled"] and metrics["model"] == "linear_infvit_tiny_patch16_224"  # from the run
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert {r["target"] for r in rows} == {7}  # the folder "7" is the run's class "7", not class 0 of one
+    assert metrics["accuracy"] == pytest.approx(100 * sum(r["class"] == 7 for r in rows) / len(rows))
+    assert rows[0]["label"] == str(rows[0]["class"]) and rows[0]["path"].endswith(".png")
+
+
+def test_explain_on_unlabelled_pictures_gives_maps_only(tmp_path, capsys):
+    import sklearn.datasets
+
+    photos = Path(sklearn.datasets.__file__).parent / "images"
+    out = tmp_path / "out"
+    argv = ["explain", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
+    assert cli_main([*argv, "--data", str(photos), "--img-size", "64", "96", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert not metrics["labelled"] and metrics["unlabelled_because"] == "the pictures are not in class folders"
+    assert "accuracy" not in metrics and "morf_aoc" not in metrics and metrics["box_roc_auc"] is None
+    assert not (out / "curves.png").exists() and "maps only" in capsys.readouterr().out
+    saved = np.load(out / "maps.npz")
+    assert saved["maps"].shape == (2, 64, 96)  # the non-square size, not a square crop
+    assert [Path(p).name for p in saved["paths"]] == ["china.jpg", "flower.jpg"]
+
+
+def test_a_one_output_model_scores_nothing(tmp_path):
+    folder = tmp_path / "data" / "val" / "cat"
+    folder.mkdir(parents=True)
+    Image.new("RGB", (40, 30), (90, 20, 200)).save(folder / "a.png")
+    out = tmp_path / "out"
+    argv = ["explain", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1", "num_classes=1"]
+    assert cli_main([*argv, "--data", str(tmp_path / "data"), "--img-size", "32", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "accuracy" not in metrics and "one output" in metrics["unlabelled_because"]

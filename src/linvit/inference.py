@@ -12,79 +12,23 @@ decompression-bomb error. Three sizes:
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
-from PIL import Image, ImageOps
+from PIL import Image
 from timm.data import create_transform, resolve_model_data_config
 from torchvision.transforms import functional as TF
 from tqdm import tqdm
 
+from .data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
 from .distributed import resolve_device
 from .errors import UsageError
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp")
-DEFAULT_MAX_PIXELS = 2**28  # 268 megapixels (16384 x 16384); read_rgb's own guard, in place of PIL's
-
-
-def find_images(specs: Iterable[str | Path]) -> list[Path]:
-    """Image files named by files, folders (recursive) and glob patterns, sorted within each, duplicates dropped."""
-    found: list[Path] = []
-    for spec in specs:
-        path = Path(spec)
-        if path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
-        elif path.is_file():
-            matches = [path]
-        else:
-            matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True) if Path(p).is_file())
-        if not matches:
-            raise UsageError(f"{spec}: no such image file, folder or matching pattern")
-        found.extend(m for m in matches if m not in found)
-    return found
-
-
-def read_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """The picture at path as 8-bit RGB, upright (EXIF), 16-bit scaled down, transparency over white."""
-    path = Path(path)
-    pil_guard = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None  # the check below replaces PIL's, which would refuse 179 MP whatever max_pixels says
-    try:
-        with Image.open(path) as image:
-            if image.width * image.height > max_pixels:
-                raise UsageError(
-                    f"{path}: {image.width} x {image.height} is {image.width * image.height:,} pixels, above "
-                    f"--max-pixels {max_pixels:,}; raise it if you mean to read this image"
-                )
-            image = ImageOps.exif_transpose(image)
-            return _to_rgb(image)
-    except UsageError:
-        raise
-    except (OSError, SyntaxError, ValueError) as err:
-        raise UsageError(f"{path}: cannot read it as an image ({type(err).__name__}: {err})") from err
-    finally:
-        Image.MAX_IMAGE_PIXELS = pil_guard
-
-
-def _to_rgb(image: Image.Image) -> Image.Image:
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit, 32-bit or float greyscale: scale to 0..255
-        values = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if image.mode.startswith("I;16") or values.max() > 255 else 255.0
-        if image.mode == "F" and values.max() <= 1.0:
-            top = 1.0  # float images in [0, 1]
-        image = Image.fromarray(np.clip(values / top * 255.0, 0, 255).round().astype(np.uint8), mode="L")
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
 
 
 def patch_size(model: nn.Module) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""`linvit explain | spectral | erf`: load a model and a split, compute, write JSON + figures."""
+"""`linvit explain | spectral | erf`: load a model and pictures (explain/inputs.py), compute, write JSON + figures."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from timm.data import create_transform, resolve_data_config
 
-from ..data import SafeImageFolder, boxes_for, load_boxes
+from ..data import boxes_for, load_boxes
 from ..errors import UsageError
-from ..evaluate import load_weights, write_json
-from ..models import create_variant
+from ..evaluate import write_json
+from ..utils.artifacts import read_run_config
 from ..utils.paths import output_dir
 from .erf import effective_receptive_field
+from .inputs import AnalysisInputs, load_inputs
 from .maps import importance_maps
 from .metrics import area_over_curve, box_auc, perturbation_curves, pointing_game
 from .spectral import spectral_report
@@ -27,29 +27,6 @@ def _matplotlib():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def load_model_and_images(args, limit: int, need_targets: bool = True):
-    """Model (with weights), normalised images, targets, image paths, raw PIL sizes and the data config."""
-    root = Path(args.data) / args.split
-    probe = SafeImageFolder(root)
-    torch.manual_seed(args.seed)  # random-init analyses are reproducible too
-    model = create_variant(args.model, img_size=args.img_size, num_classes=len(probe.classes), **args.model_kwargs)
-    if args.checkpoint:
-        load_weights(model, args.checkpoint)
-    model.eval()
-    config = resolve_data_config({"img_size": args.img_size, "crop_pct": args.crop_pct}, model=model)
-    dataset = SafeImageFolder(root, transform=create_transform(**config, is_training=False))
-    count = min(limit, len(dataset))
-    indices = np.linspace(0, len(dataset) - 1, count).round().astype(int).tolist()  # spread over classes
-    items = [(i, dataset[i]) for i in indices]
-    items = [(i, item) for i, item in items if item is not None]
-    if not items:
-        raise UsageError(f"{root}: no readable images")
-    images = torch.stack([item[0] for _, item in items])
-    targets = torch.tensor([item[1] for _, item in items])
-    paths = [dataset.samples[i][0] for i, _ in items]
-    return model, images, targets, paths, config
 
 
 def transform_boxes(boxes: list[list[float]], size: tuple[int, int], config: dict) -> list[list[float]]:
@@ -102,8 +79,8 @@ def plot_maps(images, maps, boxes, config, path: Path, title: str, max_images: i
     plt.close(fig)
 
 
-def save_examples(images, maps, boxes, config, path: Path, count: int = 8) -> None:
-    """The first images (uint8 RGB), their maps and boxes (NaN-padded) for figures made later."""
+def save_examples(images, maps, boxes, config, path: Path, count: int = 8, paths: list[str] | None = None) -> None:
+    """The first images (uint8 RGB), their maps, boxes (NaN-padded) and paths, for figures made later."""
     n = min(count, len(images))
     most = max([len(b or []) for b in boxes[:n]] + [1])
     padded = np.full((n, most, 4), np.nan, dtype=np.float32)
@@ -111,7 +88,8 @@ def save_examples(images, maps, boxes, config, path: Path, count: int = 8) -> No
         if b:
             padded[i, : len(b)] = b
     rgb = (_denormalise(images[:n], config) * 255).round().astype(np.uint8)
-    np.savez_compressed(path, images=rgb, maps=maps[:n].numpy().astype(np.float32), boxes=padded)
+    named = np.array((paths or [""] * n)[:n])
+    np.savez_compressed(path, images=rgb, maps=maps[:n].numpy().astype(np.float32), boxes=padded, paths=named)
 
 
 def plot_curves(morf: torch.Tensor, lerf: torch.Tensor, path: Path, title: str) -> None:
@@ -131,68 +109,127 @@ def plot_curves(morf: torch.Tensor, lerf: torch.Tensor, path: Path, title: str) 
 
 
 def run_explain(args) -> dict:
-    """Maps, MoRF/LeRF, box AUCs and pointing game on a split with boxes; writes metrics.json and PNGs."""
-    out = Path(args.out)
-    out = output_dir(out)
-    model, images, targets, paths, config = load_model_and_images(args, args.limit)
-    boxes_src = args.boxes or Path(args.data) / "boxes.json"
-    all_boxes = load_boxes(boxes_src) if Path(boxes_src).exists() else None
-    if args.boxes and all_boxes is None:
-        raise UsageError(f"{args.boxes}: boxes not found")
-    from PIL import Image
-
-    boxes = []
-    for p in paths:
-        raw = boxes_for(p, all_boxes, root=args.data) if all_boxes else None
-        boxes.append(None if raw is None else transform_boxes(raw, Image.open(p).size, config))
-    maps, morfs, lerfs, preds = [], [], [], []
-    patch = model.patch_embed.patch_size
-    for start in range(0, len(images), args.batch_size):
-        x, y = images[start : start + args.batch_size], targets[start : start + args.batch_size]
-        m = importance_maps(model, x, method=args.method, layer=args.layer)
-        maps.append(m)
-        morfs.append(perturbation_curves(model, x, y, m.patch, patch, steps=args.steps, order="morf"))
-        lerfs.append(perturbation_curves(model, x, y, m.patch, patch, steps=args.steps, order="lerf"))
-        with torch.no_grad():
-            preds.append(model(x).argmax(1))
+    """Maps of a run or model on a folder of pictures; with labels MoRF/LeRF and accuracy, with boxes box AUCs
+    and the pointing game. Writes metrics.json, predictions.jsonl, maps.npz (with the pictures' paths) and PNGs."""
+    out = output_dir(Path(args.out))
+    inputs = load_inputs(args, args.limit)
+    boxes = picture_boxes(args, inputs)
+    maps, preds, probs = explain_batches(args, inputs)
     image_maps = torch.cat([m.image for m in maps])
-    morf, lerf = torch.cat(morfs), torch.cat(lerfs)
-    with_boxes = [i for i, b in enumerate(boxes) if b]
-    auc = box_auc(image_maps[with_boxes], [boxes[i] for i in with_boxes]) if with_boxes else {}
-    point = pointing_game(image_maps[with_boxes], [boxes[i] for i in with_boxes], args.tolerance) if with_boxes else {}
     metrics = {
         "model": args.model,
         "checkpoint": args.checkpoint,
         "method": maps[0].method,
         "layer": args.layer,
-        "images": len(images),
-        "images_with_boxes": len(with_boxes),
-        "accuracy": float((torch.cat(preds) == targets).float().mean() * 100),
-        "morf_aoc": float(area_over_curve(morf).mean()),
-        "lerf_aoc": float(area_over_curve(lerf).mean()),
-        "box_roc_auc": auc.get("box_roc_auc"),
-        "box_pr_auc": auc.get("box_pr_auc"),
-        "pointing_game": point.get("pointing_game"),
+        "images": len(inputs.images),
+        "labelled": inputs.targets is not None,
+        "unlabelled_because": inputs.why_unlabelled,
+        "images_with_boxes": sum(1 for b in boxes if b),
         "tolerance_px": args.tolerance,
         "steps": args.steps,
-        "morf_curve": morf.mean(0).tolist(),
-        "lerf_curve": lerf.mean(0).tolist(),
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    title = f"{args.model} ({metrics['method']})"
-    plot_curves(morf, lerf, out / "curves.png", title)
-    plot_maps(images, image_maps, boxes, config, out / "maps.png", title)
-    save_examples(images, image_maps, boxes, config, out / "maps.npz")
-    summary = {
-        k: metrics[k] for k in ("morf_aoc", "lerf_aoc", "box_roc_auc", "box_pr_auc", "pointing_game", "accuracy")
-    }
-    print(" ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in summary.items()))
-    print(f"wrote {out}/metrics.json, curves.png, maps.png, maps.npz")
+    metrics.update(box_metrics(image_maps, boxes, args.tolerance))
+    if inputs.targets is not None:
+        metrics.update(labelled_metrics(args, inputs, maps, torch.cat(preds)))
+    write_outputs(out, args, inputs, image_maps, boxes, metrics, torch.cat(preds), torch.cat(probs))
     return metrics
 
 
+def picture_boxes(args, inputs: AnalysisInputs) -> list[list | None]:
+    """Ground-truth boxes per picture in model-input pixels (--boxes, or DATA/boxes.json when present)."""
+    from PIL import Image
+
+    boxes_src = args.boxes or Path(args.data) / "boxes.json"
+    all_boxes = load_boxes(boxes_src) if Path(boxes_src).exists() else None
+    if args.boxes and all_boxes is None:
+        raise UsageError(f"{args.boxes}: boxes not found")
+    boxes = []
+    for p in inputs.paths:
+        raw = boxes_for(p, all_boxes, root=args.data) if all_boxes else None
+        boxes.append(None if raw is None else transform_boxes(raw, Image.open(p).size, inputs.config))
+    return boxes
+
+
+def explain_batches(args, inputs: AnalysisInputs):
+    """Importance maps, predicted classes and their probabilities, batch by batch."""
+    maps, preds, probs = [], [], []
+    for start in range(0, len(inputs.images), args.batch_size):
+        x = inputs.images[start : start + args.batch_size]
+        maps.append(importance_maps(inputs.model, x, method=args.method, layer=args.layer))
+        with torch.no_grad():
+            p = inputs.model(x).softmax(-1)
+        probs.append(p.max(1).values)
+        preds.append(p.argmax(1))
+    return maps, preds, probs
+
+
+def box_metrics(image_maps: torch.Tensor, boxes: list, tolerance: float) -> dict:
+    """Box ROC/PR-AUC and pointing game over the pictures that have boxes (None without any)."""
+    with_boxes = [i for i, b in enumerate(boxes) if b]
+    if not with_boxes:
+        return {"box_roc_auc": None, "box_pr_auc": None, "pointing_game": None}
+    chosen = [boxes[i] for i in with_boxes]
+    auc = box_auc(image_maps[with_boxes], chosen)
+    point = pointing_game(image_maps[with_boxes], chosen, tolerance)
+    return {
+        "box_roc_auc": auc.get("box_roc_auc"),
+        "box_pr_auc": auc.get("box_pr_auc"),
+        "pointing_game": point.get("pointing_game"),
+    }
+
+
+def labelled_metrics(args, inputs: AnalysisInputs, maps: list, preds: torch.Tensor) -> dict:
+    """Accuracy and MoRF/LeRF (deleting patches by the map, p(true class) after each step)."""
+    patch = inputs.model.patch_embed.patch_size
+    morfs, lerfs = [], []
+    for m, start in zip(maps, range(0, len(inputs.images), args.batch_size), strict=True):
+        x, y = inputs.images[start : start + args.batch_size], inputs.targets[start : start + args.batch_size]
+        morfs.append(perturbation_curves(inputs.model, x, y, m.patch, patch, steps=args.steps, order="morf"))
+        lerfs.append(perturbation_curves(inputs.model, x, y, m.patch, patch, steps=args.steps, order="lerf"))
+    morf, lerf = torch.cat(morfs), torch.cat(lerfs)
+    return {
+        "accuracy": float((preds == inputs.targets).float().mean() * 100),
+        "morf_aoc": float(area_over_curve(morf).mean()),
+        "lerf_aoc": float(area_over_curve(lerf).mean()),
+        "morf_curve": morf.mean(0).tolist(),
+        "lerf_curve": lerf.mean(0).tolist(),
+    }
+
+
+def write_outputs(out: Path, args, inputs: AnalysisInputs, image_maps, boxes, metrics, preds, probs) -> None:
+    """metrics.json, predictions.jsonl, maps.npz and the figures; a summary to stdout."""
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    names = getattr(inputs.model, "label_names", None) or read_label_names(args)
+    with open(out / "predictions.jsonl", "w") as f:
+        for i, path in enumerate(inputs.paths):
+            c = int(preds[i])
+            row = {"path": path, "class": c, "label": names[c] if names and c < len(names) else str(c)}
+            row["prob"] = round(float(probs[i]), 4)
+            if inputs.targets is not None:
+                row["target"] = int(inputs.targets[i])
+            f.write(json.dumps(row) + "\n")
+    title = f"{args.model} ({metrics['method']})"
+    if "morf_curve" in metrics:
+        plot_curves(
+            torch.tensor([metrics["morf_curve"]]), torch.tensor([metrics["lerf_curve"]]), out / "curves.png", title
+        )
+    plot_maps(inputs.images, image_maps, boxes, inputs.config, out / "maps.png", title)
+    save_examples(inputs.images, image_maps, boxes, inputs.config, out / "maps.npz", paths=inputs.paths)
+    keys = ("morf_aoc", "lerf_aoc", "box_roc_auc", "box_pr_auc", "pointing_game", "accuracy")
+    summary = {k: metrics[k] for k in keys if metrics.get(k) is not None}
+    print(" ".join(f"{k} {v:.4f}" for k, v in summary.items()) or f"maps only: {inputs.why_unlabelled}")
+    written = "metrics.json, predictions.jsonl, " + ("curves.png, " if "morf_curve" in metrics else "")
+    print(f"wrote {out}/{written}maps.png, maps.npz")
+
+
+def read_label_names(args) -> list[str] | None:
+    found = read_run_config(args.checkpoint) if args.checkpoint else None
+    return found[1].get("label_names") if found else None
+
+
 def run_spectral(args) -> dict:
-    model, images, _, _, _ = load_model_and_images(args, args.limit)
+    inputs = load_inputs(args, args.limit)
+    model, images = inputs.model, inputs.images
     report = spectral_report(model, images, depth=args.depth)
     report.update(model=args.model, checkpoint=args.checkpoint)
     write_json(args.out, report)
@@ -210,7 +247,8 @@ def run_spectral(args) -> dict:
 
 
 def run_erf(args) -> dict:
-    model, images, _, _, _ = load_model_and_images(args, args.limit)
+    inputs = load_inputs(args, args.limit)
+    model, images = inputs.model, inputs.images
     result = effective_receptive_field(model, images)
     out = Path(args.out)
     out = output_dir(out)
