@@ -524,6 +524,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="any batch size for onnx and pt2 (TorchScript always); checked at 1 and 3",
     )
+    p.add_argument(
+        "--dynamic-size",
+        action="store_true",
+        help="any H and W on the model's grid for onnx and pt2 (TorchScript always); checked at two sizes",
+    )
     p.add_argument("--out", required=True, help="output file")
     p.set_defaults(func=_runner("export", "run_export", _check_img_size))
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -11,6 +13,7 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 
 import linvit  # registers the models
 from linvit.cli import main as cli_main
+from linvit.models import create_variant
 
 FAMILIES = {
     "vit_4l_patch16_224": dict(depth=2, embed_dim=64, num_heads=4),
@@ -67,7 +70,7 @@ def test_onnx_export_matches_pytorch_in_onnxruntime(name, tmp_path):
     example = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         export_model(model, "onnx", tmp_path / "m.onnx", example, dynamic_batch=True)
-    assert check_onnx(model, tmp_path / "m.onnx", example, batches=[1, 3]) <= 1e-4
+    assert check_onnx(model, tmp_path / "m.onnx", tuple(example.shape[1:]), batches=[1, 3]) <= 1e-4
 
 
 def test_katz_series_by_squaring_equals_the_solve():
@@ -188,3 +191,57 @@ def test_torchscript_pure_infsa_layer_keeps_masks(impl):
     x, keep = torch.randn(2, 7, 16), torch.rand(2, 1, 1, 7) > 0.3
     torch.testing.assert_close(scripted(x, is_causal=True), layer(x, is_causal=True))
     torch.testing.assert_close(scripted(x, keep), layer(x, keep))
+
+
+@pytest.mark.parametrize(
+    "name, fmt, step",
+    [
+        ("linear_infvit_tiny_patch16_224", "onnx", 16),
+        ("katz_infvit_tiny_patch16_224", "onnx", 16),
+        ("infvit_tiny_patch16_224", "onnx", 16),
+        ("vit_4l_patch16_224", "pt2", 16),
+        ("weightformer_tiny_patch16_224", "pt2", 32),
+    ],
+)
+def test_dynamic_size_export_runs_at_sizes_it_was_not_exported_at(name, fmt, step, tmp_path):
+    from linvit.export import run_export
+
+    out = tmp_path / f"m.{fmt}"
+    args = Namespace(model=name, model_kwargs={"depth": 2}, img_size=[64], out=str(out), format=None)
+    args.dynamic_batch, args.dynamic_size = False, True
+    torch.manual_seed(0)
+    summary = run_export(args)
+    assert summary["accepted_sizes"] == f"H and W multiples of {step} px from {2 * step} to 16384"
+    assert summary["sizes_checked"] == [[64, 64], [64 + step, 64 + 3 * step]] and summary["max_abs_diff"] < 1e-4
+    torch.manual_seed(0)
+    model = create_variant(name, img_size=(64, 64), depth=2).eval()  # the exported weights (same seed)
+    x = torch.randn(1, 3, 3 * step, 5 * step)  # a third size, checked here rather than by the command
+    if fmt == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    else:
+        got = torch.export.load(str(out)).module()(x).detach().numpy()
+    with torch.no_grad():
+        expected = model(x).numpy()
+    assert got.shape == (1, 1000) and np.abs(got - expected).max() < 1e-4
+
+
+def test_dynamic_size_export_refuses_what_cannot_work(tmp_path):
+    from linvit.export import run_export
+
+    def export(name, fmt, size=64, **kwargs):
+        args = Namespace(model=name, model_kwargs={"depth": 2, **kwargs}, img_size=[size], format=None)
+        args.out, args.dynamic_batch, args.dynamic_size = str(tmp_path / f"m.{fmt}"), False, True
+        return run_export(args)
+
+    with pytest.raises(ValueError, match="pt2 only"):
+        export("weightformer_tiny_patch16_224", "onnx")
+    with pytest.raises(ValueError, match="multiples of 32 px"):
+        export("weightformer_tiny_patch16_224", "pt2", size=48)
+    with pytest.raises(ValueError, match="dynamic_img_size=True"):
+        export("deit_tiny_patch16_224", "onnx")
+    with pytest.raises(ValueError, match="any input size already"):
+        export("linear_infvit_tiny_patch16_224", "pt")
+    assert not list(tmp_path.iterdir())  # nothing written

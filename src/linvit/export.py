@@ -8,6 +8,12 @@ WeightFormer's per-sample depthwise convolution runs as shifted multiply-adds (a
 groups). TorchScript files are scripted (torch.jit.script), so they keep the control flow: any batch, any
 input size, pure InfSA's "auto" choice made per input; token chunking stays eager-only.
 ONNX files are checked against PyTorch with onnxruntime before the command succeeds.
+
+--dynamic-size makes H and W symbolic (multiples of the patch, from two patches up) for the InfSA / softmax
+InfViT families in ONNX and pt2, and for WeightFormer in pt2 only (multiples of two patches: its predictors
+pool 2x2 token windows; its adaptive 3x3 pooling of a symbolic size does not run in onnxruntime at other sizes).
+Models with a fixed-size position embedding (timm's default) need dynamic_img_size=True. Every dynamic file is
+checked at the export size and one more.
 """
 
 from __future__ import annotations
@@ -22,13 +28,14 @@ import torch.nn as nn
 
 from .errors import UsageError
 from .layers import PureInfSAAttention
-from .models import create_variant
+from .models import WeightFormer, create_variant, patch_size
 from .ops.infsa import DENSE_MAX_SCORES
 from .utils.artifacts import read_run_config
 
 FORMATS = ("onnx", "pt2", "torchscript")
 ONNX_TOLERANCE = 1e-4  # max abs difference to PyTorch in float32
 SUFFIX_FORMATS = {".onnx": "onnx", ".pt2": "pt2", ".pt": "torchscript", ".ts": "torchscript"}
+MAX_SIDE = 16384  # the largest side a --dynamic-size graph declares
 
 
 def resolve_format(fmt: str | None, out: Path) -> str:
@@ -69,9 +76,34 @@ def fix_size_dependent_choices(model: nn.Module, img_size: tuple[int, int]) -> l
     return chosen
 
 
-def export_model(model: nn.Module, fmt: str, out: Path, example: torch.Tensor, dynamic_batch: bool) -> None:
-    """Write model to out in fmt for inputs shaped like example (batch dimension dynamic if asked)."""
-    dims = ({0: torch.export.Dim("batch", min=1, max=4096)},) if dynamic_batch else None
+def size_step(model: nn.Module, fmt: str) -> int:
+    """The pixel step of the sizes a --dynamic-size graph accepts (H and W multiples of it, at least two steps),
+    or a one-line error where the family's graph cannot take a symbolic size."""
+    if fmt == "torchscript":
+        raise UsageError("TorchScript files take any input size already; --dynamic-size is for onnx and pt2")
+    patch = patch_size(model)[0]
+    if isinstance(model, WeightFormer):  # always takes any size; its predictors pool 2x2 token windows
+        if fmt == "onnx":  # adaptive 3x3 pooling of a symbolic size: onnxruntime indexes out of range elsewhere
+            raise UsageError("WeightFormer takes --dynamic-size in pt2 only (ONNX: a fixed size); use --format pt2")
+        return 2 * patch  # an even token grid
+    if not getattr(model, "dynamic_img_size", False):
+        raise UsageError(
+            f"{type(model).__name__} has a fixed-size position embedding; create it with dynamic_img_size=True "
+            "(--model-kwargs dynamic_img_size=True) to export it for any size"
+        )
+    return patch
+
+
+def export_model(
+    model: nn.Module, fmt: str, out: Path, example: torch.Tensor, dynamic_batch: bool, step: int | None = None
+) -> None:
+    """Write model to out in fmt for inputs shaped like example: batch dynamic if asked, H and W symbolic
+    multiples of step when step is given."""
+    axes = {0: torch.export.Dim("batch", min=1, max=4096)} if dynamic_batch else {}
+    if step is not None:
+        axes[2] = step * torch.export.Dim("height_steps", min=2, max=MAX_SIDE // step)
+        axes[3] = step * torch.export.Dim("width_steps", min=2, max=MAX_SIDE // step)
+    dims = (axes,) if axes else None
     if fmt == "pt2":
         torch.export.save(torch.export.export(model, (example,), dynamic_shapes=dims), str(out))
     elif fmt == "onnx":
@@ -83,8 +115,8 @@ def export_model(model: nn.Module, fmt: str, out: Path, example: torch.Tensor, d
         raise UsageError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
 
 
-def check_onnx(model: nn.Module, path: Path, example: torch.Tensor, batches: list[int]) -> float:
-    """Max abs difference between onnxruntime and PyTorch on random inputs of each batch size."""
+def check_onnx(model: nn.Module, path: Path, shape: tuple[int, ...], batches: list[int]) -> float:
+    """Max abs difference between onnxruntime and PyTorch on random inputs of shape (batch, *shape) per batch."""
     try:
         import onnxruntime
     except ImportError as err:
@@ -93,7 +125,7 @@ def check_onnx(model: nn.Module, path: Path, example: torch.Tensor, batches: lis
     name = session.get_inputs()[0].name
     worst = 0.0
     for batch in batches:
-        x = torch.randn(batch, *example.shape[1:])
+        x = torch.randn(batch, *shape)
         with torch.no_grad():
             expected = model(x).numpy()
         got = session.run(None, {name: x.numpy()})[0]
@@ -111,15 +143,21 @@ def run_export(args) -> dict:
     model, name = load_export_model(args.model, args.model_kwargs, img_size)
     model.eval()
     scripted = args.format == "torchscript"
+    step = size_step(model, args.format) if getattr(args, "dynamic_size", False) else None
     chosen = [] if scripted else fix_size_dependent_choices(model, img_size)
     example = torch.randn(2 if args.dynamic_batch else 1, 3, *img_size)
     with torch.no_grad():
         model(example)  # the model's own input checks (patch divisibility, channels) before anything is written
+    if step is not None and (img_size[0] % step or img_size[1] % step or min(img_size) < 2 * step):
+        raise UsageError(
+            f"--dynamic-size exports at multiples of {step} px, at least {2 * step}: --img-size {img_size}"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")  # renamed to out once checked: nothing half-written at out
     batches = [1, 3] if args.dynamic_batch or scripted else [example.shape[0]]
+    sizes = [img_size] if step is None else [img_size, (img_size[0] + step, img_size[1] + 3 * step)]
     try:
-        diff = _write_and_check(model, args, partial, example, batches)
+        diff = _write_and_check(model, args, partial, example, batches, sizes, step)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
@@ -129,7 +167,9 @@ def run_export(args) -> dict:
         raise UsageError(f"exported model differs from PyTorch by {diff:.2e} (> {ONNX_TOLERANCE:g}); nothing written")
     partial.replace(out)
     summary.update(dynamic_batch=args.dynamic_batch, max_abs_diff=diff, batches_checked=batches, choices=chosen)
+    summary.update(accepted_sizes=accepted_sizes(img_size, step, scripted), sizes_checked=[list(s) for s in sizes])
     print(f"{name} -> {out} ({args.format}, {out.stat().st_size / 2**20:.1f} MiB); max abs diff {diff:.2e}")
+    print(f"accepts {summary['accepted_sizes']}; checked at " + ", ".join(f"{h} x {w}" for h, w in sizes))
     if scripted:
         print("scripted: runs at any batch and input size (PyTorch deprecates TorchScript; pt2 and onnx are kept up)")
     if chosen:
@@ -137,18 +177,29 @@ def run_export(args) -> dict:
     return summary
 
 
-def _write_and_check(model: nn.Module, args, path: Path, example: torch.Tensor, batches: list[int]) -> float:
-    """Export to path and return the max abs difference of the file's outputs to PyTorch's."""
+def accepted_sizes(img_size: tuple[int, int], step: int | None, scripted: bool) -> str:
+    """The input sizes the written graph takes, in words."""
+    if scripted:
+        return "any size the model takes"
+    if step is None:
+        return f"{img_size[0]} x {img_size[1]} only"
+    return f"H and W multiples of {step} px from {2 * step} to {MAX_SIDE}"
+
+
+def _write_and_check(model: nn.Module, args, path: Path, example, batches: list[int], sizes: list, step) -> float:
+    """Export to path and return the max abs difference of the file's outputs to PyTorch's, at every batch
+    size and input size checked."""
     with warnings.catch_warnings():  # torch warns on every torch.jit call; one note in run_export says it once
         warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
         with torch.no_grad():
-            export_model(model, args.format, path, example, args.dynamic_batch)
+            export_model(model, args.format, path, example, args.dynamic_batch, step)
         if args.format == "onnx":
-            return check_onnx(model, path, example, batches)
+            return max(check_onnx(model, path, (3, *size), batches) for size in sizes)
         reloaded = torch.export.load(str(path)).module() if args.format == "pt2" else torch.jit.load(str(path))
         diff = 0.0
         for batch in batches:
-            x = torch.randn(batch, *example.shape[1:])
-            with torch.no_grad():
-                diff = max(diff, float((reloaded(x) - model(x)).abs().max()))
+            for size in sizes:
+                x = torch.randn(batch, 3, *size)
+                with torch.no_grad():
+                    diff = max(diff, float((reloaded(x) - model(x)).abs().max()))
         return diff

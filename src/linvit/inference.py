@@ -29,14 +29,7 @@ from tqdm import tqdm
 from .data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
 from .distributed import resolve_device
 from .errors import UsageError
-
-
-def patch_size(model: nn.Module) -> tuple[int, int]:
-    """The model's patch (or total stride) in pixels, for rounding native sizes to its token grid."""
-    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-    if patch is None:
-        return (1, 1)
-    return (patch, patch) if isinstance(patch, int) else tuple(patch)
+from .models import patch_size
 
 
 def native_size(size: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:

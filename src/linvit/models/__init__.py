@@ -1,11 +1,13 @@
 """timm-registered model families; importing this package registers every linvit model."""
 
 from . import infvit, weightformer
+from ._input import patch_size
 from .infvit import InfViT
 from .variants import apply_variant, check_model_name, create_any_size, create_model, create_variant, split_name
 from .weightformer import WeightFormer
 
 __all__ = [
+    "patch_size",
     "InfViT",
     "WeightFormer",
     "infvit",

@@ -63,3 +63,11 @@ class CheckedPatchEmbed(PatchEmbed):
             fixed = self.img_size if (self.img_size is not None and self.strict_img_size) else None
             check_image_batch(x, self.proj.in_channels, self.patch_size, fixed, self.dynamic_img_pad, self.check_finite)
         return self._timm_forward(x)
+
+
+def patch_size(model: torch.nn.Module) -> tuple[int, int]:
+    """The model's patch (or total stride) in pixels, for rounding native sizes to its token grid."""
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if patch is None:
+        return (1, 1)
+    return (patch, patch) if isinstance(patch, int) else tuple(patch)
