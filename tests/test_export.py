@@ -194,27 +194,28 @@ def test_torchscript_pure_infsa_layer_keeps_masks(impl):
 
 
 @pytest.mark.parametrize(
-    "name, fmt, step",
+    "name, fmt, step, kwargs",
     [
-        ("linear_infvit_tiny_patch16_224", "onnx", 16),
-        ("katz_infvit_tiny_patch16_224", "onnx", 16),
-        ("infvit_tiny_patch16_224", "onnx", 16),
-        ("vit_4l_patch16_224", "pt2", 16),
-        ("weightformer_tiny_patch16_224", "pt2", 32),
+        ("linear_infvit_tiny_patch16_224", "onnx", 16, {}),
+        ("katz_infvit_tiny_patch16_224", "onnx", 16, {}),
+        ("infvit_tiny_patch16_224", "onnx", 16, {}),
+        ("vit_4l_patch16_224", "pt2", 16, {}),
+        ("weightformer_tiny_patch16_224", "pt2", 32, {}),
+        ("deit_tiny_patch16_224", "onnx", 16, {"dynamic_img_size": True}),
     ],
 )
-def test_dynamic_size_export_runs_at_sizes_it_was_not_exported_at(name, fmt, step, tmp_path):
+def test_dynamic_size_export_runs_at_sizes_it_was_not_exported_at(name, fmt, step, kwargs, tmp_path):
     from linvit.export import run_export
 
     out = tmp_path / f"m.{fmt}"
-    args = Namespace(model=name, model_kwargs={"depth": 2}, img_size=[64], out=str(out), format=None)
+    args = Namespace(model=name, model_kwargs={"depth": 2, **kwargs}, img_size=[64], out=str(out), format=None)
     args.dynamic_batch, args.dynamic_size = False, True
     torch.manual_seed(0)
     summary = run_export(args)
     assert summary["accepted_sizes"] == f"H and W multiples of {step} px from {2 * step} to 16384"
     assert summary["sizes_checked"] == [[64, 64], [64 + step, 64 + 3 * step]] and summary["max_abs_diff"] < 1e-4
     torch.manual_seed(0)
-    model = create_variant(name, img_size=(64, 64), depth=2).eval()  # the exported weights (same seed)
+    model = create_variant(name, img_size=(64, 64), depth=2, **kwargs).eval()  # the exported weights (same seed)
     x = torch.randn(1, 3, 3 * step, 5 * step)  # a third size, checked here rather than by the command
     if fmt == "onnx":
         import onnxruntime
