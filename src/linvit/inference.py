@@ -117,6 +117,7 @@ def load_model(args) -> nn.Module:
         if not args.checkpoint:
             raise UsageError("give --checkpoint RUN (a run folder) or --model NAME")
         return load_run(args.checkpoint)
+    torch.manual_seed(0)  # random weights (no --checkpoint) are the same on every run
     model = create_any_size(args.model, **args.model_kwargs)
     if args.checkpoint:
         load_weights(model, args.checkpoint)
