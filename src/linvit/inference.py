@@ -89,7 +89,8 @@ def predict(
     names = list(label_names or getattr(model, "label_names", None) or [])
     results: list[dict | None] = [None] * len(images)
     for indices in _equal_size_batches(images, batch_size):
-        batch = torch.stack([images[i] for i in indices]).to(device)
+        batch = images[indices[0]][None] if len(indices) == 1 else torch.stack([images[i] for i in indices])
+        batch = batch.to(device)  # one image is a view, not a copy: at 8K the copy alone is 805 MB
         with autocast(device, amp):
             probs = model(batch).float().softmax(-1)
         values, classes = probs.topk(min(topk, probs.shape[-1]), dim=-1)
