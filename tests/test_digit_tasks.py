@@ -1,0 +1,73 @@
+"""The on-the-fly digit tasks of issue 23: disjoint digits, canvases reproducible from (seed, epoch), the shift."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from linvit.data.cluttered_mnist import load_mnist_5k
+from linvit.data.digit_tasks import DigitCanvases, drawing_for, item_rng, split_digits
+
+
+def test_splits_use_disjoint_digits_and_every_class_evenly():
+    _, labels = load_mnist_5k()
+    parts = split_digits(labels, seed=3)
+    sets = {name: set(parts[name].tolist()) for name in ("train", "val", "test")}
+    assert not sets["train"] & sets["val"] and not sets["train"] & sets["test"] and not sets["val"] & sets["test"]
+    assert [len(sets[n]) for n in ("train", "val", "test")] == [4000, 500, 500]  # all 5,000 digits used
+    for name, count in (("train", 400), ("val", 50), ("test", 50)):
+        assert np.bincount(labels[parts[name]]).tolist() == [count] * 10
+    assert (parts["shifted"] == parts["test"]).all()
+    assert (split_digits(labels, seed=3)["val"] == parts["val"]).all()  # the split is a function of the seed
+    assert not (split_digits(labels, seed=4)["val"] == parts["val"]).all()
+
+
+def test_canvases_are_a_function_of_seed_epoch_and_index():
+    train = DigitCanvases("train", canvas=48, seed=1)
+    first = [train[i][0] for i in range(4)]
+    again = DigitCanvases("train", canvas=48, seed=1)
+    assert all(torch.equal(a, again[i][0]) for i, a in enumerate(first))  # a resumed run draws the same
+    assert torch.equal(train[2][0], first[2])  # order of access does not matter
+    train.set_epoch(1)
+    assert not any(torch.equal(train[i][0], first[i]) for i in range(4))  # fresh canvases each epoch
+    assert [train[i][1] for i in range(4)] == [again[i][1] for i in range(4)]  # the same digits
+    val = DigitCanvases("val", canvas=48, seed=1)
+    fixed = val[0][0]
+    val.set_epoch(5)
+    assert torch.equal(val[0][0], fixed)  # evaluation splits never change
+    other = DigitCanvases("train", canvas=48, seed=2)
+    assert not torch.equal(other[0][0], first[0])
+    assert first[0].shape == (3, 48, 48) and 0 <= first[0].min() and first[0].max() <= 1
+
+
+def test_item_streams_differ_between_splits_and_indices():
+    draws = {(s, e, i): item_rng(0, s, e, i).random() for s in ("train", "val") for e in (0, 1) for i in (0, 1)}
+    assert len(set(draws.values())) == len(draws)
+
+
+def test_the_shifted_set_is_drawn_as_specified():
+    assert drawing_for("test", 2).clutter == 2 and drawing_for("shifted", 2).clutter == 6
+    assert drawing_for("shifted", 2).scale == (0.70, 0.85) and drawing_for("shifted", 2).contrast == (0.45, 0.70)
+    test = DigitCanvases("test", canvas=48, clutter=2)
+    shifted = DigitCanvases("shifted", canvas=48, clutter=2)
+    assert test.labels.tolist() == shifted.labels.tolist()  # same digits, same classes
+    brightest = [np.mean([float(d[i][0].max()) for i in range(200)]) for d in (test, shifted)]
+    assert brightest[0] > 0.99 and brightest[1] < 0.71  # ink contrast at most 70% of full
+    ink = [np.mean([float((d[i][0][0] > 0.05).float().mean()) for i in range(200)]) for d in (test, shifted)]
+    assert ink[0] != pytest.approx(ink[1], rel=0.05)  # smaller digits, more clutter: a different picture
+
+
+def test_sum_task_labels_two_distant_digits():
+    data = DigitCanvases("val", task="sum", canvas=64, clutter=0)
+    for index in range(30):
+        rng = item_rng(data.seed, "val", 0, index)
+        canvas, label = data.render(index, rng)
+        assert 0 <= label <= 9 and canvas.shape == (64, 64)
+    rng = np.random.default_rng(0)
+    digit = np.ones((28, 28), dtype=np.uint8)
+    for _ in range(50):
+        (y0, x0), (y1, x1) = data.far_apart([digit, digit], rng)
+        assert np.hypot(y1 - y0, x1 - x0) >= 32  # centres at least half the canvas apart
+    with pytest.raises(ValueError, match="at least 64 px"):
+        DigitCanvases("val", task="sum", canvas=48)
