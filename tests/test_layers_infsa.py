@@ -179,3 +179,25 @@ def test_katz_folded_output_projection_equals_the_op_then_proj(proj_bias, featur
     reference = torch.autograd.grad(expected.square().sum(), [x, m.qkv.weight, m.proj.weight, m.theta])
     for a, b in zip(grads, reference, strict=True):
         assert rel_err(a, b) <= 1e-10
+
+
+def test_linear_infsa_projects_the_soft_query_in_views_only_in_eager_inference(monkeypatch):
+    """Above QUERY_CHUNK_MIN_TOKENS eager inference sums the soft query over views of x (no N x C Q tensor);
+    the output equals the one-chunk path up to summation order, and autograd keeps one chunk."""
+    from linvit.layers import infsa_attention as ia
+
+    monkeypatch.setattr(ia, "QUERY_CHUNK_MIN_TOKENS", 64)
+    monkeypatch.setattr(ia, "QUERY_CHUNK", 24)
+    x = torch.randn(2, 100, 32)
+    with torch.no_grad():
+        views = ia.token_views(x)
+        assert len(ia.token_views(x[:, :63])) == 1  # below the threshold: one chunk
+    assert [v.shape[1] for v in views] == [24, 24, 24, 24, 4] and all(v._base is x for v in views)  # views
+    assert len(ia.token_views(x)) == 1  # autograd on: one chunk
+    torch.manual_seed(0)
+    layer = ia.LinearInfSAAttention(32, 4).eval()
+    with torch.no_grad():
+        chunked = layer(x)
+        monkeypatch.setattr(ia, "QUERY_CHUNK_MIN_TOKENS", 10**9)
+        whole = layer(x)
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)

@@ -20,12 +20,14 @@ from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops.common import no_autocast
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
 from ..ops.katz import katz_factors, katz_features, katz_mixing, katz_token_sums
-from .graph_capture import call_eagerly, is_fx_tracing
+from .graph_capture import call_eagerly, is_fx_tracing, stateless_call
 
 torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see graph_capture.call_eagerly)
 
 
 PURE_IMPLS = ("auto", "dense", "chunked")
+# eager inference over at least this many tokens projects the soft query's Q in views of QUERY_CHUNK tokens
+QUERY_CHUNK_MIN_TOKENS, QUERY_CHUNK = 2**16, 2**14
 FEATURE_MAPS = ("relu", "elu+1")
 
 
@@ -151,6 +153,15 @@ class PureInfSAAttention(_InfSABase):
         return self.merge_heads(out)
 
 
+def token_views(x: torch.Tensor) -> list[torch.Tensor]:
+    """x as one chunk, or in eager inference over many tokens as views of QUERY_CHUNK tokens: the soft query's
+    Q projection then never holds all N x C at once (1 GB at 8192^2 and width 1024). No copy is made."""
+    if not torch.jit.is_scripting():  # eager-only (module constants are not TorchScript values)
+        if not (torch.is_grad_enabled() or stateless_call()) and x.shape[1] >= QUERY_CHUNK_MIN_TOKENS:
+            return list(x.split(QUERY_CHUNK, dim=1))
+    return [x]
+
+
 @register_notrace_module
 class LinearInfSAAttention(_InfSABase):
     """Linear-InfSA: every token receives the importance-pooled value z (O(N) in tokens).
@@ -181,7 +192,7 @@ class LinearInfSAAttention(_InfSABase):
     def importance(self, x: torch.Tensor) -> torch.Tensor:
         """Token importance a of shape (B, H, N) for the (already normalised) block input x."""
         weights = self.folded_weights()
-        q_key = self._query_key([x], weights)
+        q_key = self._query_key(token_views(x), weights)
         with no_autocast(x):
             logits = self._key_logits(x.to(q_key.dtype), q_key, weights)
             return l1_normalize(torch.relu(logits).transpose(1, 2), self.eps)
@@ -280,7 +291,7 @@ class LinearInfSAAttention(_InfSABase):
 
     def _forward_folded(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
-        y = self.pooled_output([x]).expand(B, N, C)  # identical rows: projected once per sample
+        y = self.pooled_output(token_views(x)).expand(B, N, C)  # identical rows: projected once per sample
         return self.proj_drop(y) if self.training and self.proj_drop.p > 0 else y
 
 
