@@ -178,3 +178,25 @@ def test_predict_maps_match_importance_maps(tmp_path, model):
     expected = importance_maps(model, tensor[None]).patch[0].numpy()
     np.testing.assert_array_equal(np.load(tmp_path / "flower.npy"), expected)
     assert record["map_method"] == "linear" and expected.shape == (27, 40)
+
+
+def test_predict_with_a_run_folder_names_its_labels_and_draws_maps(tmp_path):
+    """The issue's first 'done' line: a folder of real photographs, a run folder, preds.jsonl and overlays."""
+    from linvit.data import build_cluttered_mnist
+
+    data = tmp_path / "data"
+    build_cluttered_mnist(data, canvas=32, per_class_train=1, per_class_val=1, clutter=1, progress=False)
+    run = tmp_path / "run"
+    argv = ["train", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224", "--output", str(run)]
+    argv += ["--img-size", "32", "--workers", "0", "--epochs", "1", "--batch-size", "4", "--no-progress"]
+    assert cli_main([*argv, "--model-kwargs", "patch_size=8", "depth=1"]) == 0
+    out, maps = tmp_path / "preds.jsonl", tmp_path / "maps"
+    argv = ["predict", str(PHOTOS), "--checkpoint", str(run), "--out", str(out), "--maps", str(maps)]
+    assert cli_main([*argv, "--no-progress", "--compile", "default"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["topk"][0]["label"] for r in rows} <= set("0123456789") and rows[0]["size"] == [32, 32]
+    assert [Image.open(r["map"]).size for r in rows] == [(640, 427), (640, 427)]  # both photographs' own size
+    model = linvit.load_run(run)
+    expected = linvit.predict(model, [linvit.load_image(PHOTOS / "china.jpg", model)], topk=5)[0]["topk"]
+    assert [t["class"] for t in rows[0]["topk"]] == [t["class"] for t in expected]  # compiled = eager ranking
+    assert [t["prob"] for t in rows[0]["topk"]] == pytest.approx([t["prob"] for t in expected], abs=1e-5)
