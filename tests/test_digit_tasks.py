@@ -71,3 +71,42 @@ def test_sum_task_labels_two_distant_digits():
         assert np.hypot(y1 - y0, x1 - x0) >= 32  # centres at least half the canvas apart
     with pytest.raises(ValueError, match="at least 64 px"):
         DigitCanvases("val", task="sum", canvas=48)
+
+
+def test_digits_spec_parses_and_refuses_in_one_line():
+    from linvit.data.digit_tasks import parse_digits_spec
+
+    assert parse_digits_spec("digits:sum,canvas=64,clutter=3,seed=2") == dict(task="sum", canvas=64, clutter=3, seed=2)
+    assert parse_digits_spec("digits:") == {"task": "digit"}
+    for bad, message in [
+        ("digits:add", "one of digit, sum"),
+        ("digits:sum,size=3", "options are"),
+        ("digits:digit,seed=x", "integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_digits_spec(bad)
+
+
+def test_train_and_eval_on_drawn_digits(tmp_path):
+    """`--data digits:...` trains on canvases drawn from (seed, epoch): two runs agree to the last bit of their
+    losses (what an exact resume needs from the data; the engine's resume is tested in test_train.py)."""
+    import json
+
+    from linvit.cli import main as cli_main
+
+    data = "digits:digit,canvas=32,clutter=1,length=64"
+    base = ["train", "--data", data, "--model", "vit_4l_patch16_224", "--img-size", "32", "--crop-pct", "1"]
+    base += ["--model-kwargs", "patch_size=8", "embed_dim=32", "num_heads=2", "--batch-size", "16", "--workers", "0"]
+    base += ["--aa", "none", "--mixup", "0", "--cutmix", "0", "--reprob", "0", "--no-progress"]
+    base += ["--warmup-epochs", "0", "--hflip", "0", "--scale", "1", "1", "--ratio", "1", "1"]
+    assert cli_main([*base, "--epochs", "2", "--output", str(tmp_path / "whole")]) == 0
+    assert cli_main([*base, "--epochs", "2", "--output", str(tmp_path / "again")]) == 0
+    whole = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    again = [json.loads(x) for x in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train_loss"] for r in again] == [r["train_loss"] for r in whole]
+    assert whole[0]["train_loss"] != whole[1]["train_loss"]
+    for split in ("test", "shifted"):
+        out = tmp_path / f"{split}.json"
+        argv = ["eval", "--data", data, "--split", split, "--checkpoint", str(tmp_path / "whole"), "--workers", "0"]
+        assert cli_main([*argv, "--json", str(out), "--no-progress"]) == 0
+        assert json.loads(out.read_text())["images"] == 500

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from .conversion import convert_if_asked
 from .data import SafeImageFolder, collate_images
+from .data.digit_tasks import digits_split, is_digits_spec
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .errors import UsageError
 from .models import WeightFormer, create_variant, weightformer
@@ -182,20 +183,30 @@ def write_json(path: str | Path, record: dict) -> None:
     Path(path).write_text(json.dumps(record, indent=2))
 
 
+def image_split(data, split: str, transform=None, unreadable: str = "skip"):
+    """DATA/SPLIT as an image folder, or a split of the drawn digit tasks (`--data digits:TASK,...`)."""
+    if is_digits_spec(data):
+        return digits_split(data, split, transform)
+    return SafeImageFolder(Path(data) / split, transform=transform, unreadable=unreadable)
+
+
+def class_count(args, split: str | None = None) -> int:
+    """Classes of --data (its class folders; 10 for the digit tasks)."""
+    return len(image_split(args.data, split or args.split).classes)
+
+
 def run_eval(args) -> dict:
     """`linvit eval`: evaluate a checkpoint on one split and print / save the metrics."""
     rank, world, device = init_distributed(args.device)
     try:
-        root = Path(args.data) / args.split
-        probe = SafeImageFolder(root)
         run = use_run_folder(args)
-        model = create_variant(args.model, img_size=args.img_size, num_classes=len(probe.classes), **args.model_kwargs)
+        model = create_variant(args.model, img_size=args.img_size, num_classes=class_count(args), **args.model_kwargs)
         weights = load_and_convert(model, args.checkpoint, getattr(args, "convert", None), args.ema)
         if rank == 0:
             source = f" from {run}/args.yaml" if run is not None else ""
             print(f"{args.model}{source}: {weights} weights of {args.checkpoint or 'no checkpoint'}")
         config = resolve_data_config({"img_size": args.img_size, "crop_pct": args.crop_pct}, model=model)
-        dataset = SafeImageFolder(root, transform=create_transform(**config, is_training=False))
+        dataset = image_split(args.data, args.split, create_transform(**config, is_training=False))
         model.to(device)
         loader = eval_loader(dataset, args.batch_size, args.workers, rank, world)
         metrics = evaluate(

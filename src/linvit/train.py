@@ -17,21 +17,21 @@ import torch.nn as nn
 from timm.data import Mixup, create_transform, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .conversion import convert_if_asked
-from .data import SafeImageFolder, collate_images
+from .data import collate_images
 from .data.augment import fix_posterize
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .engine import resume_run, run_epochs, train_pass, training_recipe, training_state, wrap_ddp, write_run_config
 from .errors import UsageError
-from .evaluate import autocast, eval_loader, evaluate
+from .evaluate import autocast, class_count, eval_loader, evaluate, image_split
 from .models import create_variant
 from .utils import compile_model, output_dir
 from .utils.runtime import seed_everything
 
 
-def build_datasets(args, model: nn.Module) -> tuple[SafeImageFolder, SafeImageFolder, dict]:
+def build_datasets(args, model: nn.Module) -> tuple[Dataset, Dataset, dict]:
     config = resolve_data_config(
         {"img_size": args.img_size, "crop_pct": args.crop_pct, "interpolation": args.interpolation}, model=model
     )
@@ -48,8 +48,8 @@ def build_datasets(args, model: nn.Module) -> tuple[SafeImageFolder, SafeImageFo
         re_count=1,
     )
     fix_posterize(train_tf)  # timm's Posterize at 0 bits raises on Pillow 13 (linvit.data.augment)
-    train = SafeImageFolder(Path(args.data) / args.train_split, transform=train_tf, unreadable="replace")
-    val = SafeImageFolder(Path(args.data) / args.val_split, transform=create_transform(**config, is_training=False))
+    train = image_split(args.data, args.train_split, train_tf, unreadable="replace")
+    val = image_split(args.data, args.val_split, create_transform(**config, is_training=False))
     if train.classes != val.classes:
         raise UsageError(f"train and val classes differ: {len(train.classes)} vs {len(val.classes)} class folders")
     return train, val, config
@@ -71,8 +71,7 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(args.seed)
-    probe = SafeImageFolder(Path(args.data) / args.train_split)
-    num_classes = len(probe.classes)
+    num_classes = class_count(args, args.train_split)
     model = create_variant(
         args.model,
         img_size=args.img_size,
@@ -159,6 +158,8 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
 
     def train_epoch(epoch: int) -> dict:
         replaced.zero_()
+        if hasattr(train_set, "set_epoch"):  # drawn digit canvases: fresh ones each epoch, the same on resume
+            train_set.set_epoch(epoch)
         record = train_pass(
             train_net, loader, batch_loss, optimizer, scheduler, scaler, epoch, args, device, rank, after_step
         )

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 from ..errors import UsageError
 from .cluttered_mnist import DIGIT, FRAGMENT, load_mnist_5k
 
+PREFIX = "digits:"  # `--data digits:TASK[,canvas=48][,clutter=2][,seed=0]` selects these tasks in train / eval
 SPLITS = ("train", "val", "test", "shifted")
 PER_CLASS = {"train": 400, "val": 50, "test": 50}
 TASKS = ("digit", "sum")
@@ -95,7 +96,10 @@ def place(canvas: np.ndarray, digit: np.ndarray, y: int, x: int) -> None:
 
 
 class DigitCanvases(Dataset):
-    """Items (image (3, canvas, canvas) float in [0, 1] or a PIL image with ``pil=True``, label) of one split.
+    """Items (image, label, 0) of one split, the item format of linvit's image folders (0 undecodable files
+    passed over: canvases are drawn, never decoded), so training and evaluation loaders take them unchanged.
+    The image is transform(PIL RGB canvas) when a transform is given, else a (3, canvas, canvas) float tensor
+    in [0, 1].
 
     Args:
         split: train | val | test | shifted.
@@ -104,6 +108,7 @@ class DigitCanvases(Dataset):
         clutter: fragments per canvas on the standard splits.
         seed: the digit split and every canvas's stream.
         length: items per epoch (default: the split's digit count).
+        transform: applied to the RGB canvas (timm's train or eval transform).
     """
 
     def __init__(
@@ -114,7 +119,7 @@ class DigitCanvases(Dataset):
         clutter: int = 2,
         seed: int = 0,
         length: int | None = None,
-        pil: bool = False,
+        transform=None,
     ) -> None:
         if split not in SPLITS or task not in TASKS:
             raise UsageError(f"split in {SPLITS} and task in {TASKS}; got {split!r}, {task!r}")
@@ -126,7 +131,8 @@ class DigitCanvases(Dataset):
         chosen = split_digits(labels, seed)[split]
         self.digits, self.labels = digits[chosen], labels[chosen]
         self.clutter_pool = digits[split_digits(labels, seed)["train" if split == "train" else split]]
-        self.split, self.task, self.canvas, self.seed, self.pil = split, task, canvas, seed, pil
+        self.split, self.task, self.canvas, self.seed, self.transform = split, task, canvas, seed, transform
+        self.classes = [str(d) for d in range(10)]
         self.drawing = drawing_for(split, clutter)
         self.length = length or len(chosen)
         self.epoch = 0
@@ -141,9 +147,9 @@ class DigitCanvases(Dataset):
     def __getitem__(self, index: int):
         rng = item_rng(self.seed, self.split, self.epoch, index)
         image, label = self.render(index, rng)
-        if self.pil:
-            return Image.fromarray(image).convert("RGB"), label
-        return torch.from_numpy(image).float().div_(255).expand(3, -1, -1).clone(), label
+        if self.transform is not None:
+            return self.transform(Image.fromarray(image).convert("RGB")), label, 0
+        return torch.from_numpy(image).float().div_(255).expand(3, -1, -1).clone(), label, 0
 
     def render(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """(canvas (H, W) uint8, label) of one item."""
@@ -177,3 +183,32 @@ class DigitCanvases(Dataset):
             centres = [(y + d.shape[0] / 2, x + d.shape[1] / 2) for (y, x), d in zip(corners, drawn, strict=True)]
             if np.hypot(centres[0][0] - centres[1][0], centres[0][1] - centres[1][1]) >= half:
                 return corners
+
+
+def is_digits_spec(data) -> bool:
+    return str(data).startswith(PREFIX)
+
+
+def parse_digits_spec(data: str) -> dict:
+    """ "digits:sum,canvas=64,clutter=2,seed=0" -> DigitCanvases keyword arguments (task, canvas, clutter, seed)."""
+    task, *options = str(data)[len(PREFIX) :].split(",")
+    kwargs: dict = {"task": task or "digit"}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or key not in ("canvas", "clutter", "seed", "length"):
+            raise UsageError(f"--data {data}: options are canvas=, clutter=, seed=, length= (got {option!r})")
+        try:
+            kwargs[key] = int(value)
+        except ValueError as err:
+            raise UsageError(f"--data {data}: {key} takes an integer, got {value!r}") from err
+    if kwargs["task"] not in TASKS:
+        raise UsageError(f"--data {data}: the task is one of {', '.join(TASKS)}, got {kwargs['task']!r}")
+    return kwargs
+
+
+def digits_split(data: str, split: str, transform=None) -> DigitCanvases:
+    """The split of a `digits:` data spec (length= applies to training only)."""
+    kwargs = parse_digits_spec(data)
+    if split != "train":
+        kwargs.pop("length", None)
+    return DigitCanvases(split, transform=transform, **kwargs)
