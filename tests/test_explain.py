@@ -302,6 +302,23 @@ def test_maps_above_the_token_chunking_threshold(name, methods):
     assert model.token_chunk == "auto"  # restored
 
 
+@pytest.mark.parametrize(
+    "name, kwargs, expected",
+    [
+        ("infvit_tiny_patch16_224", {}, "column"),
+        ("vit_4l_patch16_224", {}, "grad"),
+        ("weightformer_tiny_patch16_224", {"depth": 2, "embed_dim": 32, "dynamic_interval": 1}, "grad"),
+    ],
+)
+def test_every_familys_default_map_works_above_the_chunking_threshold(name, kwargs, expected):
+    """The default method of each remaining family at 65,536 tokens: dense maps give way to ones that fit."""
+    args = dict(img_size=32, patch_size=4, num_classes=3)
+    args.update(kwargs or dict(depth=1, embed_dim=16, num_heads=2))
+    model = timm.create_model(name, **args).eval()
+    maps = importance_maps(model, torch.randn(1, 3, 1024, 1024), upsample=False)
+    assert maps.method == expected and maps.patch.shape == (1, 256, 256) and torch.isfinite(maps.patch).all()
+
+
 def test_maps_under_chunking_equal_unchunked(monkeypatch):
     """The capture takes the whole-tensor path, so chunking never changes a map (column: query blocks)."""
     from linvit.models import _chunking

@@ -63,8 +63,9 @@ class ImportanceMaps:
 def default_method(model: nn.Module, num_tokens: int | None = None) -> str:
     """The natural map of a model: its mixer's own importance, or gradients when it has none.
 
-    Pure InfSA's Katz centrality needs its dense operator; with num_tokens too many for that (one image),
-    the default is its one-hop column centrality, which works at any size.
+    Pure InfSA's Katz centrality and softmax rollout need dense N x N matrices; with num_tokens too many for
+    that (one image), the defaults are pure InfSA's one-hop column centrality and gradients, which work at
+    any size.
     """
     kinds = {type(m) for m in model.modules()}
     if LinearInfSAAttention in kinds:
@@ -72,11 +73,15 @@ def default_method(model: nn.Module, num_tokens: int | None = None) -> str:
     if KatzInfSAAttention in kinds:
         return "katz"
     if PureInfSAAttention in kinds:
-        heads = max(m.num_heads for m in model.modules() if isinstance(m, PureInfSAAttention))
-        return "katz" if num_tokens is None or _dense_bytes(1, heads, num_tokens) <= DENSE_MAP_MAX_BYTES else "column"
+        return "katz" if _dense_fits(model, PureInfSAAttention, num_tokens) else "column"
     if Attention in kinds:
-        return "rollout"
+        return "rollout" if _dense_fits(model, Attention, num_tokens) else "grad"
     return "grad"
+
+
+def _dense_fits(model: nn.Module, kind: type, num_tokens: int | None) -> bool:
+    heads = max(m.num_heads for m in model.modules() if isinstance(m, kind))
+    return num_tokens is None or _dense_bytes(1, heads, num_tokens) <= DENSE_MAP_MAX_BYTES
 
 
 def attention_mixers(model: nn.Module, method: str) -> list[nn.Module]:
