@@ -14,18 +14,11 @@ from torchvision.models.detection import RetinaNet
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 from tqdm import tqdm
 
+from .data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
 from .detect.predict import as_record, detect, draw
 from .distributed import resolve_device
 from .errors import UsageError
-from .inference import (
-    DEFAULT_MAX_PIXELS,
-    check_out_file,
-    common_folder,
-    find_images,
-    mirrored_path,
-    read_rgb,
-    write_jsonl,
-)
+from .inference import check_out_file, common_folder, mirrored_path, write_jsonl
 from .runs import load_run
 from .segment.model import Segmenter
 from .segment.predict import class_shares, colour_overlay, save_class_map, segment

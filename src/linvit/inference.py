@@ -1,13 +1,12 @@
 """Run a model on your own pictures: ``linvit.load_image``, ``linvit.predict`` and ``linvit predict``.
 
-Images are files, folders (searched recursively) or glob patterns of JPEG, PNG, TIFF, WebP or BMP files. Each is
-read the way a photograph should be: EXIF orientation applied, greyscale, palette, RGBA (composited on white) and
-16-bit images converted to 8-bit RGB, and a pixel-count guard that fails with one line instead of PIL's
-decompression-bomb error. Three sizes:
+Images are files, folders (searched recursively) or glob patterns, read by linvit.data.images (upright 8-bit
+RGB, a pixel-count guard instead of PIL's decompression-bomb error). Three sizes:
     default   the model's own data config (a run folder's: the size, crop, mean/std it was trained with)
     img_size  resized to exactly H x W, then normalised with the model's mean/std
     native    the image's own size rounded to the patch grid: global inference on the whole picture (token
               chunking keeps memory bounded for Linear- and Katz-InfSA models)
+With --maps each picture also gets its importance map drawn over it at its own size (MapWriter).
 """
 
 from __future__ import annotations
@@ -138,6 +137,7 @@ def run_predict(args) -> list[dict]:
     cropped = img_size is None and not args.native  # the model's data config: resize and centre crop
     maps = MapWriter(model, args.maps, args.method, paths, crop=cropped) if args.maps else None
     runner = compile_model(model.eval().to(device), args.compile)
+    names = getattr(model, "label_names", None)
     records = []
     for start in tqdm(range(0, len(paths), args.batch_size), desc="predict", unit="batch", disable=not args.progress):
         chunk = paths[start : start + args.batch_size]
@@ -146,7 +146,6 @@ def run_predict(args) -> list[dict]:
         tensors = [prepare_image(picture, model, img_size, args.native) for picture in pictures]
         if maps is None:  # the pictures are needed again only to draw maps on; at 8K each is 200 MB
             pictures = [None] * len(chunk)
-        names = getattr(model, "label_names", None)
         outputs = predict(runner, tensors, args.topk, names, args.batch_size, device, args.amp)
         seconds = (time.perf_counter() - tick) / len(chunk)
         for path, picture, tensor, out in zip(chunk, pictures, tensors, outputs, strict=True):
