@@ -207,6 +207,9 @@ def test_torchscript_pure_infsa_layer_keeps_masks(impl):
 def test_dynamic_size_export_runs_at_sizes_it_was_not_exported_at(name, fmt, step, kwargs, tmp_path):
     from linvit.export import run_export
 
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
     out = tmp_path / f"m.{fmt}"
     args = Namespace(model=name, model_kwargs={"depth": 2, **kwargs}, img_size=[64], out=str(out), format=None)
     args.dynamic_batch, args.dynamic_size = False, True
@@ -246,3 +249,17 @@ def test_dynamic_size_export_refuses_what_cannot_work(tmp_path):
     with pytest.raises(ValueError, match="any input size already"):
         export("linear_infvit_tiny_patch16_224", "pt")
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_onnx_without_the_export_extra_is_one_line(tmp_path, monkeypatch):
+    import importlib.util
+
+    from linvit.export import run_export
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
+    args = Namespace(model="linear_infvit_tiny_patch16_224", model_kwargs={"depth": 1}, img_size=[32], format=None)
+    args.out, args.dynamic_batch, args.dynamic_size = str(tmp_path / "m.onnx"), False, False
+    with pytest.raises(ValueError, match=r'needs (onnx, )?onnxscript: pip install -e "\.\[export\]"'):
+        run_export(args)
+    assert not list(tmp_path.iterdir())

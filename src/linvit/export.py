@@ -107,12 +107,22 @@ def export_model(
     if fmt == "pt2":
         torch.export.save(torch.export.export(model, (example,), dynamic_shapes=dims), str(out))
     elif fmt == "onnx":
+        require_onnx()
         program = torch.onnx.export(model, (example,), dynamo=True, dynamic_shapes=dims, verbose=False)
         program.save(str(out))
     elif fmt == "torchscript":  # scripted, not traced: every batch and input size runs
         torch.jit.save(torch.jit.script(model), str(out))
     else:
         raise UsageError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+
+
+def require_onnx() -> None:
+    """A one-line error, not a traceback from inside torch.onnx, when the export extra is missing."""
+    import importlib.util
+
+    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f'writing ONNX files needs {", ".join(missing)}: pip install -e ".[export]"')
 
 
 def check_onnx(model: nn.Module, path: Path, shape: tuple[int, ...], batches: list[int]) -> float:
