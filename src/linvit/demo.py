@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 from PIL import Image
+from timm.data import resolve_model_data_config
 
 from .errors import UsageError
 from .explain.maps import METHODS, importance_maps
@@ -33,13 +34,12 @@ def _gradio():
 
 def look(model: nn.Module, picture: Image.Image, method: str | None = None, topk: int = 5):
     """({label: probability} of the top-k, overlay of the importance map on the picture, the method used)."""
-    tensor = prepare_image(picture.convert("RGB"), model)
+    picture = picture.convert("RGB")
+    tensor = prepare_image(picture, model)
     top = predict(model, [tensor], topk)[0]["topk"]
     maps = importance_maps(model, tensor[None], method, upsample=False)
-    from timm.data import resolve_model_data_config
-
     box = seen_box(picture.size, resolve_model_data_config(model))
-    drawn = overlay(picture.convert("RGB"), maps.patch[0].numpy(), box)
+    drawn = overlay(picture, maps.patch[0].numpy(), box)
     return {row["label"]: row["prob"] for row in top}, drawn, maps.method
 
 

@@ -69,7 +69,7 @@ def build_model(args: Namespace, folder_classes: list[str] | None) -> tuple[nn.M
         num_classes = len(folder_classes)
     torch.manual_seed(args.seed)  # random-init analyses are reproducible too
     kwargs = {} if num_classes is None else {"num_classes": num_classes}
-    model = create_variant(args.model, img_size=_side(args.img_size), **{**kwargs, **args.model_kwargs})
+    model = create_variant(args.model, img_size=height_width(args.img_size), **{**kwargs, **args.model_kwargs})
     if args.checkpoint:
         load_weights(model, args.checkpoint)
     return model.eval(), names
@@ -123,15 +123,14 @@ def load_inputs(args: Namespace, limit: int) -> AnalysisInputs:
 
 def data_config(args: Namespace, model: nn.Module) -> dict:
     """timm's eval data config with --img-size (one side or H W) and --crop-pct applied."""
-    size = args.img_size
     overrides = {"crop_pct": args.crop_pct}
-    if size is not None:
-        hw = (size, size) if isinstance(size, int) else tuple((list(size) * 2)[:2])
-        overrides["input_size"] = (3, *hw)
+    if args.img_size is not None:
+        overrides["input_size"] = (3, *height_width(args.img_size))
     return resolve_data_config(overrides, model=model)
 
 
-def _side(size) -> int | tuple[int, int] | None:
-    if size is None or isinstance(size, int):
-        return size
-    return tuple((list(size) * 2)[:2])
+def height_width(size) -> tuple[int, int] | None:
+    """--img-size as (H, W): one side (an int, a run's args.yaml) or a list of one or two from the flag."""
+    if size is None:
+        return None
+    return (size, size) if isinstance(size, int) else tuple((list(size) * 2)[:2])
