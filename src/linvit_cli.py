@@ -373,6 +373,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write OUT/detection: K digits per canvas with COCO boxes and masks (0 = no detection set)",
     )
     d.set_defaults(func=_runner("data.cluttered_mnist", "run_cluttered_mnist"))
+    d = data_sub.add_parser(
+        "digits",
+        help="the fixed val / test / shifted canvases of a drawn digit task (what --data digits:TASK draws), "
+        "with boxes.json",
+    )
+    d.add_argument("--out", required=True)
+    d.add_argument(
+        "--task",
+        choices=("digit", "max", "sum"),
+        default="digit",
+        help="the label: the digit, max(a, b), (a + b) mod 10",
+    )
+    d.add_argument("--canvas", type=POSITIVE, default=48, help="canvas side in pixels (max, sum: >= 64)")
+    d.add_argument("--clutter", type=NON_NEGATIVE, default=2, help="clutter fragments (the shifted split: 2k + 2)")
+    d.add_argument("--seed", type=int, default=0, help="the digit split and every canvas")
+    d.set_defaults(func=_runner("data.digit_tasks", "run_digit_folder"))
 
     p = sub.add_parser("train", help="train with the DeiT recipe (torchrun for DDP)")
     _add_train_args(p)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from linvit.data.cluttered_mnist import load_mnist_5k
-from linvit.data.digit_tasks import DigitCanvases, drawing_for, item_rng, split_digits
+from linvit.data.digit_tasks import DigitCanvases, drawing_for, item_rng, split_digits, task_label
 
 
 def test_splits_use_disjoint_digits_and_every_class_evenly():
@@ -58,19 +58,53 @@ def test_the_shifted_set_is_drawn_as_specified():
     assert ink[0] != pytest.approx(ink[1], rel=0.05)  # smaller digits, more clutter: a different picture
 
 
-def test_sum_task_labels_two_distant_digits():
-    data = DigitCanvases("val", task="sum", canvas=64, clutter=0)
+def test_task_labels():
+    assert [task_label("digit", [4]), task_label("max", [3, 7]), task_label("max", [7, 3])] == [4, 7, 7]
+    assert [task_label("sum", [3, 7]), task_label("sum", [9, 9]), task_label("sum", [0, 2])] == [0, 8, 2]
+
+
+@pytest.mark.parametrize("task", ["max", "sum"])
+def test_two_digit_tasks_draw_two_distant_digits_and_box_both(task):
+    data = DigitCanvases("val", task=task, canvas=64, clutter=0)
+    other = DigitCanvases("val", task="sum" if task == "max" else "max", canvas=64, clutter=0)
     for index in range(30):
-        rng = item_rng(data.seed, "val", 0, index)
-        canvas, label = data.render(index, rng)
-        assert 0 <= label <= 9 and canvas.shape == (64, 64)
+        canvas, label, boxes = data.render(index, item_rng(data.seed, "val", 0, index))
+        same, _, same_boxes = other.render(index, item_rng(data.seed, "val", 0, index))
+        assert (canvas == same).all() and boxes == same_boxes  # the task changes the label, not the picture
+        assert canvas.shape == (64, 64) and len(boxes) == 2 and 0 <= label <= 9
+        for x0, y0, x1, y1 in boxes:  # tight around ink, no larger than a digit
+            assert canvas[y0:y1, x0:x1].max() > 0 and x1 - x0 <= 28 and y1 - y0 <= 28
+            assert canvas[y0, x0:x1].max() > 0 and canvas[y0:y1, x0].max() > 0  # the box's edges touch ink
     rng = np.random.default_rng(0)
     digit = np.ones((28, 28), dtype=np.uint8)
     for _ in range(50):
         (y0, x0), (y1, x1) = data.far_apart([digit, digit], rng)
         assert np.hypot(y1 - y0, x1 - x0) >= 32  # centres at least half the canvas apart
     with pytest.raises(ValueError, match="at least 64 px"):
-        DigitCanvases("val", task="sum", canvas=48)
+        DigitCanvases("val", task=task, canvas=48)
+
+
+def test_max_labels_follow_the_distribution_of_a_maximum():
+    labels = np.array([DigitCanvases("val", task="max", canvas=64, clutter=0)[i][1] for i in range(500)])
+    counts = np.bincount(labels, minlength=10)
+    assert counts[9] > 60 and counts[0] < 15  # P(max = k) = (2k + 1) / 100: 19% nines, 1% zeros
+
+
+def test_the_fixed_splits_write_as_a_folder_of_the_same_canvases(tmp_path):
+    from PIL import Image
+
+    from linvit.cli import main as cli_main
+    from linvit.data import load_boxes
+
+    argv = ["data", "digits", "--out", str(tmp_path), "--task", "max", "--canvas", "64", "--clutter", "1"]
+    assert cli_main(argv) == 0
+    boxes = load_boxes(tmp_path / "boxes.json")
+    assert len(boxes) == 1500 and all(len(b) == 2 for b in boxes.values())
+    drawn = DigitCanvases("shifted", task="max", canvas=64, clutter=1)
+    for index in (0, 7, 499):
+        image, label, _ = drawn[index]
+        saved = np.asarray(Image.open(tmp_path / "shifted" / str(label) / f"{index:05d}.png"))
+        assert saved.shape == (64, 64, 3) and np.array_equal(saved[..., 0], (image[0] * 255).round().byte().numpy())
 
 
 def test_digits_spec_parses_and_refuses_in_one_line():
@@ -79,7 +113,7 @@ def test_digits_spec_parses_and_refuses_in_one_line():
     assert parse_digits_spec("digits:sum,canvas=64,clutter=3,seed=2") == dict(task="sum", canvas=64, clutter=3, seed=2)
     assert parse_digits_spec("digits:") == {"task": "digit"}
     for bad, message in [
-        ("digits:add", "one of digit, sum"),
+        ("digits:add", "one of digit, max, sum"),
         ("digits:sum,size=3", "options are"),
         ("digits:digit,seed=x", "integer"),
     ]:
