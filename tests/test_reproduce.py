@@ -9,7 +9,8 @@ import pytest
 
 from linvit.cli import run_command
 from linvit.reproduce import RECIPES, Recipe, Stage, build_plan, run_reproduce, run_stages
-from linvit.reproduce.plan import FAMILIES
+from linvit.reproduce.plan import FAMILIES, SHARED, TASKS, Task
+from linvit.reproduce.stats import VERDICTS
 
 
 def _stage(tmp_path, name: str, value: str) -> Stage:
@@ -63,26 +64,65 @@ def test_plans_are_valid_linvit_commands(tmp_path):
     from linvit.cli import build_parser
 
     parser = build_parser()
-    for mode in RECIPES:
+    for mode, recipe in RECIPES.items():
         for device in ("cpu", "cuda"):
             stages = build_plan(str(tmp_path), mode, device)
             assert len({s.name for s in stages}) == len(stages)
             for stage in stages:
                 parser.parse_args(stage.argv)  # every stage is a command a user could type
-            assert {s.info.get("family") for s in stages if s.name.startswith("train/")} == {f for _, f, _ in FAMILIES}
+            trained = {
+                (s.info["task"], s.info["family"], s.info["seed"]) for s in stages if s.name.startswith("train/")
+            }
+            expected = {(t, f, seed) for t in recipe.tasks for f in FAMILIES for seed in recipe.seeds}
+            assert expected <= trained  # every family, task and seed (plus the lr sweep's seed-0 runs)
+            evaluated = {
+                (s.info["task"], s.info["family"], s.info["seed"], s.info["split"])
+                for s in stages
+                if s.name.startswith("eval/")
+            }
+            assert evaluated == {(*key, split) for key in expected for split in ("test", "shifted")}
+    quick, full = RECIPES["quick"], RECIPES["full"]
+    assert (quick.tasks, quick.seeds) == (("digit",), (0,)) and len(full.seeds) == 3 and len(full.tasks) == 2
+    assert {k: getattr(quick, k) for k in SHARED} == {k: getattr(full, k) for k in SHARED} == SHARED  # one recipe
+
+
+def test_every_family_gets_the_same_width_depth_and_patch(tmp_path):
+    stages = build_plan(str(tmp_path), "quick", "cpu")
+    kwargs = {
+        s.info["family"]: s.argv[s.argv.index("--model-kwargs") + 1 :] for s in stages if s.name.startswith("train/")
+    }
+    for family, values in kwargs.items():
+        assert {"patch_size=8", "embed_dim=192", "depth=4"} <= set(values), family
+    assert (
+        len(
+            {
+                tuple(s.argv[s.argv.index("--lr") + 1 : s.argv.index("--lr") + 2])
+                for s in stages
+                if s.name.startswith("train/")
+            }
+        )
+        == 1
+    )
+
+
+@pytest.fixture
+def tiny_tasks(monkeypatch):
+    """The two tasks with 16 training canvases per epoch, and two models per benchmark."""
+    monkeypatch.setitem(TASKS, "digit", Task("digit", 32, 0, 8, length=16))
+    monkeypatch.setitem(TASKS, "max", Task("max", 64, 0, 16, length=16))
+    monkeypatch.setattr("linvit.reproduce.plan.FAMILY_4L", ["vit_4l_patch16_224", "linear_infvit_4l_patch16_224"])
 
 
 TINY = Recipe(
-    canvas=32,
-    per_class_train=2,
-    per_class_val=1,
-    clutter=1,
-    patch=8,
-    depth=1,
-    wf_depth=2,
-    epochs=1,
-    batch=5,
+    tasks=("digit", "max"),
+    seeds=(0, 1),
+    epochs=2,
+    batch=8,
     lr=1e-3,
+    lr_sweep=(2e-3,),
+    width=32,
+    heads=2,
+    depth=1,
     explain_images=4,
     spectral_images=2,
     erf_images=2,
@@ -92,26 +132,72 @@ TINY = Recipe(
 )
 
 
-def test_reproduce_end_to_end_writes_the_report_and_reuses_everything(tmp_path, monkeypatch):
-    monkeypatch.setattr("linvit.reproduce.plan.FAMILY_4L", ["vit_4l_patch16_224", "linear_infvit_4l_patch16_224"])
-    monkeypatch.setattr("linvit.reproduce.plan.WF_VS_DEIT", ["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"])
-    args = argparse.Namespace(quick=True, device="cpu", out=str(tmp_path / "out"))
+def test_reproduce_end_to_end_writes_the_report_and_reuses_everything(tmp_path, tiny_tasks):
+    args = argparse.Namespace(quick=False, device="cpu", out=str(tmp_path / "out"))
     report = run_reproduce(args, execute=run_command, recipe=TINY)
     out = tmp_path / "out"
-    for name in ("report.md", "report.json", "commands.sh", "scaling.png", "maps.png", "curves.png", "erf.png"):
+    for name in ("report.md", "report.json", "commands.sh", "curves.png", "maps.png", "deletion.png", "erf.png"):
         assert (out / name).stat().st_size > 0, name
     data = json.loads((out / "report.json").read_text())
-    assert set(data["families"]) == {f for _, f, _ in FAMILIES}
-    assert all(0 <= e["eval"]["top1"] <= 100 for e in data["families"].values())
+    assert data["stages_missing"] == []
+    for task in TINY.tasks:
+        assert set(data["runs"][task]) == set(FAMILIES)
+        for family, entry in data["runs"][task].items():
+            assert set(entry["seeds"]) == {"0", "1"}  # per-seed values, keyed by seed
+            test = entry["summary"]["test"]
+            assert test["values"] == [entry["seeds"][s]["test"] for s in ("0", "1")]
+            assert test["low"] <= test["mean"] <= test["high"] and test["seeds"] == [0, 1]
+            assert len(entry["seeds"]["0"]["val_curve"]) == TINY.epochs
+            assert ("test" in entry["vs_baseline"]) == (family != "softmax")
+    assert set(data["lr_sweep"]["softmax"]["val"]) == {"0.001", "0.002"}
     assert data["macs_224"]["weightformer_small_patch16_224"] == pytest.approx(4.43, abs=0.01)
-    assert data["macs_224"]["deit_small_patch16_224"] == pytest.approx(4.6, abs=0.01)
     md = (out / "report.md").read_text()
-    for title in ("## Infinite Self-Attention", "## WeightFormer", "## Beyond the papers"):
+    for title in ("## Infinite Self-Attention", "## WeightFormer", "## Beyond the papers", "task `max`"):
         assert title in md
     rows = [row for rows in report["claims"].values() for row in rows]
+    assert all(row["verdict"] in VERDICTS for row in rows)
     assert all(row["command"].startswith("linvit ") for row in rows)
     assert all(f"`{row['command']}`" in md for row in rows)
     # a second run with the same --out reuses every stage
     again = run_reproduce(args, execute=run_command, recipe=TINY)
     assert all(t["reused"] for t in again["stages"].values())
     assert again["seconds_this_run"] == 0
+
+
+def test_a_run_stopped_part_way_reports_what_it_has(tmp_path, tiny_tasks):
+    out = tmp_path / "out"
+    stages = build_plan(str(out), "full", "cpu", TINY)
+    first_seed = [s for s in stages if s.name.startswith("data/") or s.info.get("seed") == 0 and "lr" not in s.name]
+    run_stages(out, [s for s in first_seed if s.info.get("task", "digit") == "digit"], run_command)
+    args = argparse.Namespace(quick=False, device="cpu", out=str(out), report_only=True)
+    report = run_reproduce(args, execute=None, recipe=TINY)
+    assert set(report["runs"]) == {"digit"} and set(report["runs"]["digit"]["softmax"]["seeds"]) == {0}
+    assert "train/max/softmax/s0" in report["stages_missing"] and "bench/family4l" in report["stages_missing"]
+    assert {row["verdict"] for row in report["claims"]["Infinite Self-Attention"]} == {"inconclusive"}
+    assert "## Not run yet" in (out / "report.md").read_text()
+    assert report["seconds_all_stages"] > 0 and report["seconds_this_run"] == 0  # the finished stages' own times
+
+
+def _synthetic_report(linear_test: list[float]) -> dict:
+    """runs of softmax (80, 81, 79) and linear on three seeds, as collect() leaves them."""
+    from linvit.reproduce.collect import summarise
+
+    def seeds(values):
+        return {s: {"test": v, "plateau": True} for s, v in enumerate(values)}
+
+    runs = {"digit": {"softmax": {"seeds": seeds([80, 81, 79])}, "linear": {"seeds": seeds(linear_test)}}}
+    summarise(runs)
+    return {"runs": runs, "recipe": {"tasks": ["digit"]}, "commands": {"eval/digit/linear/s0/test": "linvit eval"}}
+
+
+@pytest.mark.parametrize(
+    "linear, expected",
+    [([83, 84, 82], "holds"), ([78, 79, 77], "does not hold"), ([81, 80, 80], "inconclusive")],
+)
+def test_a_claims_verdict_is_computed_from_the_paired_interval(linear, expected):
+    from linvit.reproduce.claims import Claims
+
+    row = Claims(_synthetic_report(linear)).beats("digit", "linear", "test", "Linear beats softmax", "84.7 vs 81.5")
+    assert row["verdict"] == expected
+    assert row["command"] == "linvit eval"
+    assert "difference" in row["ours"] and "3 seed(s)" in row["ours"]

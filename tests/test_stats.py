@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from linvit.reproduce.stats import mean_interval, paired_difference, verdict
+from linvit.reproduce.stats import mean_interval, paired_difference, verdict, verdict_at_least
 
 
 def test_interval_of_a_textbook_sample():
@@ -55,3 +55,16 @@ def test_paired_difference_pairs_by_seed_not_by_position():
 )
 def test_verdict_reads_only_the_interval(low, high, expected):
     assert verdict({"low": low, "high": high, "mean": 0.5}) == expected
+
+
+@pytest.mark.parametrize(
+    "low, high, expected",
+    [
+        (0.985, 0.99, "holds"),
+        (0.90, 0.984, "does not hold"),
+        (0.98, 0.99, "inconclusive"),
+        (None, None, "inconclusive"),
+    ],
+)
+def test_a_value_claim_is_judged_by_where_the_interval_lies_against_the_papers_value(low, high, expected):
+    assert verdict_at_least({"low": low, "high": high, "mean": 0.985}, 0.985) == expected

@@ -1,4 +1,5 @@
-"""`linvit reproduce`: data -> training of every family -> evaluation -> maps, spectra, ERFs -> benchmarks -> report."""
+"""`linvit reproduce`: digit tasks -> every family, task and seed trained and evaluated -> maps, spectra, ERFs ->
+learning-rate sweep -> benchmarks -> report with intervals and verdicts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from ..errors import UsageError
 from ..utils.paths import output_dir
 from .plan import FAMILIES, RECIPES, Recipe, Stage, build_plan
 from .report import write_report
-from .stages import run_stages
+from .stages import recorded_timings, run_stages
 
 __all__ = ["run_reproduce", "build_plan", "run_stages", "write_report", "FAMILIES", "RECIPES", "Recipe", "Stage"]
 
@@ -28,10 +29,15 @@ def run_reproduce(args, execute: Callable[[list[str]], None], recipe: Recipe | N
     out = output_dir(args.out)
     recipe = recipe or RECIPES[mode]
     stages = build_plan(str(out), mode, args.device, recipe)
-    timings = run_stages(out, stages, execute)
+    if getattr(args, "report_only", False):
+        timings = recorded_timings(out, stages)
+    else:
+        timings = run_stages(out, stages, execute)
     report = write_report(out, stages, timings, mode, args.device, recipe)
+    figures = ", ".join(f"{name}.png" for name in report["figures"])
+    missing = f"; {len(report['stages_missing'])} stages not run yet" if report["stages_missing"] else ""
     print(
-        f"wrote {out}/report.md, report.json, commands.sh, scaling.png, maps.png, curves.png, erf.png "
-        f"({report['seconds_this_run'] / 60:.1f} min this run)"
+        f"wrote {out}/report.md, report.json, commands.sh, {figures} "
+        f"({report['seconds_this_run'] / 60:.1f} min this run{missing})"
     )
     return report

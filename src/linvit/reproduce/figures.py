@@ -68,6 +68,26 @@ def maps_figure(examples: dict[str, dict], labels: dict[str, str], path: Path, c
     _save(fig, path, dpi=80)
 
 
+def learning_curves_figure(runs: dict[str, dict], path: Path) -> None:
+    """Validation top-1 per epoch, one panel per task, one line per family (mean over seeds, band min-max)."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.6), squeeze=False)
+    for ax, (task, families) in zip(axes[0], runs.items(), strict=True):
+        for family, entry in families.items():
+            curves = np.array([e["val_curve"] for e in entry["seeds"].values()], dtype=float)
+            epochs = np.arange(1, curves.shape[1] + 1)
+            line = ax.plot(epochs, curves.mean(0), marker=".", label=f"{family} ({len(curves)} seed(s))")
+            if len(curves) > 1:
+                ax.fill_between(epochs, curves.min(0), curves.max(0), color=line[0].get_color(), alpha=0.15)
+        ax.set_title(f"task {task}: validation top-1", fontsize=9)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("top-1 (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    _save(fig, path, dpi=90)
+
+
 def curves_figure(curves: dict[str, dict], path: Path) -> None:
     """MoRF (left) and LeRF (right) deletion curves, one line per family."""
     plt = _plt()

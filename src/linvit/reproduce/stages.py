@@ -97,6 +97,16 @@ def _fmt_seconds(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+def recorded_timings(out: Path, stages: list[Stage]) -> dict[str, dict]:
+    """The timings of the stages finished earlier, as run_stages reports reused ones (for --report-only)."""
+    timings = {}
+    for stage in stages:
+        if finished(out, stage):
+            seconds = json.loads(_marker(out, stage).read_text()).get("seconds")
+            timings[stage.name] = {"seconds": seconds, "reused": True, "command": command(stage)}
+    return timings
+
+
 def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
     """Run (or reuse) every stage via execute(argv); returns {name: {"seconds", "reused", "command"}}."""
     timings: dict[str, dict] = {}
@@ -117,7 +127,8 @@ def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
                 tqdm.write(f"reusing {stage.name} (finished earlier, outputs checked)")
                 bar.update(1)
                 continue
-            pace = spent / est_done if est_done > 0 else 1.0  # this machine's speed relative to the estimates
+            # this machine's speed relative to the estimates, once enough has run to tell
+            pace = spent / est_done if est_done >= 60 else 1.0
             bar.set_postfix_str(f"about {_fmt_seconds(remaining_est * pace)} left; now {stage.name}")
             tqdm.write(f"== {stage.name}: {command(stage)}")
             _prepare(out, stage)

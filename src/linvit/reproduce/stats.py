@@ -51,3 +51,15 @@ def verdict(difference: dict) -> str:
     if high <= 0:
         return "does not hold"
     return "inconclusive"
+
+
+def verdict_at_least(summary: dict, value: float) -> str:
+    """The claim "the quantity reaches value" judged by its interval over seeds (same rule, shifted by value)."""
+    low, high = summary["low"], summary["high"]
+    if low is None or high is None:
+        return "inconclusive"
+    if low >= value:
+        return "holds"
+    if high < value:
+        return "does not hold"
+    return "inconclusive"
