@@ -85,6 +85,8 @@ def _runner(module: str, function: str, prepare=None):
         _set_threads(args)
         if hasattr(args, "model_kwargs"):
             args.model_kwargs = _parse_kwargs(args.model_kwargs)
+            if getattr(args, "pretrained", False):
+                args.model_kwargs["pretrained"] = True
         if prepare is not None:
             prepare(args)
         getattr(importlib.import_module(f"linvit.{module}"), function)(args)
@@ -101,6 +103,12 @@ def _add_model_args(p: argparse.ArgumentParser, model_help: str, kwargs_help: st
     group = p.add_argument_group("model")
     group.add_argument("--model", required=required, default=None, help=model_help)
     group.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help=kwargs_help)
+    group.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="the model's published weights through timm's Hub path (WeightFormer T/S/B: RuizeHe/weightformer-*); "
+        "a model without any says so",
+    )
 
 
 def _add_runtime_args(p: argparse.ArgumentParser, batch_size: int) -> None:

@@ -1,12 +1,14 @@
 """timm-registered model families; importing this package registers every linvit model."""
 
 from . import infvit, weightformer
+from ._cfg import PUBLISHED
 from ._input import patch_size
 from .infvit import InfViT
 from .variants import apply_variant, check_model_name, create_any_size, create_model, create_variant, split_name
 from .weightformer import WeightFormer
 
 __all__ = [
+    "PUBLISHED",
     "patch_size",
     "InfViT",
     "WeightFormer",

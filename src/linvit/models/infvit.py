@@ -19,7 +19,7 @@ from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.graph_capture import is_fx_tracing, parent_method, stateless_call
 from ..layers.infsa_attention import FEATURE_MAPS, PURE_IMPLS, check_choice
-from ._cfg import model_cfg
+from ._cfg import model_cfg, require_weights
 from ._chunking import check_token_chunk, resolve_token_chunk
 from ._input import CheckedPatchEmbed
 
@@ -290,6 +290,7 @@ default_cfgs = generate_default_cfgs(
 
 
 def _create(variant: str, mixer: str, shape: str, pretrained: bool = False, **kwargs) -> InfViT:
+    require_weights(variant, pretrained, kwargs)
     model_args = dict(patch_size=16, mixer=mixer, **SHAPES[shape])
     return build_model_with_cfg(
         InfViT,

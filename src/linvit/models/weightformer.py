@@ -23,7 +23,7 @@ from ..layers import DynamicDWConv, DynamicLinear
 from ..layers.dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, identity_tap
 from ..layers.graph_capture import call_eagerly, is_fx_tracing
 from ..layers.infsa_attention import check_choice
-from ._cfg import model_cfg
+from ._cfg import hub_weights, model_cfg, require_weights
 from ._chunking import check_token_chunk, resolve_token_chunk
 from ._input import CheckedPatchEmbed
 
@@ -357,21 +357,24 @@ def load_checkpoint(model: WeightFormer, path: str, strict: bool = True) -> Weig
     return model
 
 
-def _cfg(**kwargs) -> dict:
-    """Released WeightFormer evaluation: resize 256 / crop 224 (crop_pct 0.875)."""
-    return model_cfg(crop_pct=0.875, paper_ids="arXiv:2605.01711", **kwargs)
+def _cfg(variant: str, **kwargs) -> dict:
+    """The release's evaluation (data/build.py): resize to a square of input / 0.875 (timm's "squash"), centre
+    crop, bicubic, ImageNet mean / std; the weights from the Hub. (The Hub model card's snippet normalises with
+    mean = std = 0.5, but the release trains and evaluates its weights with ImageNet's, so we follow the code.)"""
+    return model_cfg(crop_pct=0.875, crop_mode="squash", paper_ids="arXiv:2605.01711", **hub_weights(variant), **kwargs)
 
 
 default_cfgs = generate_default_cfgs(
     {
-        "weightformer_tiny_patch16_224": _cfg(),
-        "weightformer_small_patch16_224": _cfg(),
-        "weightformer_base_patch16_448": _cfg(input_size=(3, 448, 448)),
+        "weightformer_tiny_patch16_224": _cfg("weightformer_tiny_patch16_224"),
+        "weightformer_small_patch16_224": _cfg("weightformer_small_patch16_224"),
+        "weightformer_base_patch16_448": _cfg("weightformer_base_patch16_448", input_size=(3, 448, 448)),
     }
 )
 
 
 def _create(variant: str, pretrained: bool = False, **kwargs) -> WeightFormer:
+    require_weights(variant, pretrained, kwargs)
     return build_model_with_cfg(
         WeightFormer,
         variant,
