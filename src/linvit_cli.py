@@ -128,6 +128,7 @@ def _add_device_args(p) -> None:
 
 
 MODEL_HELP = "registered model name, optionally with a :variant suffix"
+GENERATE_MIXERS = ("softmax", "pure", "linear", "katz", "weightformer")  # linvit.models.dit.MIXERS
 CONVERT_VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.conversion.VARIANTS, without importing it
 
 
@@ -447,6 +448,44 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analysis_args(p, limit=16)
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=_runner("explain.run", "run_erf", _check_optional_img_size))
+
+    p = sub.add_parser("generate", help="class-conditional image generation: diffusion transformers (DiT)")
+    gen = p.add_subparsers(dest="generate_command", required=True)
+    t = gen.add_parser("train", help="DDPM training of a DiT with any mixer (torchrun for DDP)")
+    t.add_argument(
+        "--data", required=True, help="digits:TASK[,canvas=..] (drawn digits, grey) or a folder DATA/train/<class>"
+    )
+    t.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors (EMA)")
+    t.add_argument("--mixer", choices=GENERATE_MIXERS, default="softmax", help="the token mixer of every block")
+    t.add_argument("--size", choices=("tiny", "S", "B", "L", "XL"), default="tiny", help="DiT size (tiny: CPU)")
+    t.add_argument("--patch-size", type=POSITIVE, default=4)
+    t.add_argument("--img-size", type=POSITIVE, default=None, help="image folders: resize and crop to this side")
+    t.add_argument("--epochs", type=POSITIVE, default=30)
+    t.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (per-iteration cosine schedule)")
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
+    t.add_argument("--clip-grad", type=float, default=1.0)
+    t.add_argument("--class-dropout", type=float, default=0.1, help="label dropout for classifier-free guidance")
+    t.add_argument("--ema-decay", type=float, default=0.999)
+    t.add_argument("--val-images", type=POSITIVE, default=500, help="validation images for the per-epoch val_loss")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
+    t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+    _add_log_arg(t)
+    _add_runtime_args(t, batch_size=64)
+    t.set_defaults(func=_runner("generate.engine", "run_generate_train"))
+    s = gen.add_parser("sample", help="a grid of samples of chosen classes from a generate train run")
+    s.add_argument("--checkpoint", required=True, help="the run folder of a finished `linvit generate train`")
+    s.add_argument("--classes", default=None, help="class indices, e.g. 0,1,2 (default: every class)")
+    s.add_argument("--num", type=POSITIVE, default=64, help="samples, the classes taken in turn")
+    s.add_argument("--steps", type=POSITIVE, default=50, help="DDIM steps")
+    s.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale (1 = none)")
+    s.add_argument("--img-size", type=POSITIVE, default=None, help="sample at another side (default: the run's)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, help="grid PNG (the samples also go to the same name .npz)")
+    s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the steps")
+    s.set_defaults(func=_runner("generate.sample", "run_generate_sample"))
 
     p = sub.add_parser("segment", help="semantic segmentation: backbone + simple feature pyramid + semantic-FPN head")
     seg = p.add_subparsers(dest="segment_command", required=True)

@@ -29,6 +29,7 @@ TIERS = {
     "bench": 5,
     "detect": 5,
     "export": 5,
+    "generate": 5,
     "runs": 6,
     "inference": 6,
     "demo": 6,

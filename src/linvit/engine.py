@@ -294,7 +294,7 @@ def log_scalars(writer, record: dict) -> None:
 
 def args_yaml(args) -> str:
     """The parsed arguments as YAML (the dispatch fields left out), loadable again with --config."""
-    skip = {"func", "command", "segment_command", "detect_command", "config"}
+    skip = {"func", "command", "segment_command", "detect_command", "generate_command", "config"}
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items() if k not in skip}
     values = {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
     return yaml.safe_dump(values, sort_keys=True)

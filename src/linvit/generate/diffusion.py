@@ -1,0 +1,66 @@
+"""DDPM training objective and DDIM sampling with classifier-free guidance, on diffusers' schedulers.
+
+linvit keeps only the model (linvit.models.DiT) and the loop; the noise schedule, q(x_t | x_0) and the
+sampler's update come from diffusers (the optional extra "generate"), so they are the library's, not ours.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UsageError
+
+TRAIN_STEPS = 1000  # DDPM's T
+SCHEDULE = "squaredcos_cap_v2"  # the cosine schedule (Nichol & Dhariwal 2021): better at small image sizes
+
+
+def _diffusers():
+    try:
+        import diffusers
+    except ImportError as err:
+        raise UsageError('image generation needs diffusers: pip install -e ".[generate]"') from err
+    return diffusers
+
+
+def noise_schedule():
+    """The training scheduler: q(x_t | x_0) for t in [0, TRAIN_STEPS)."""
+    return _diffusers().DDPMScheduler(num_train_timesteps=TRAIN_STEPS, beta_schedule=SCHEDULE, clip_sample=False)
+
+
+def ddpm_loss(model, x0: torch.Tensor, labels: torch.Tensor, schedule, generator: torch.Generator | None = None):
+    """L_simple: E_t,eps || eps - eps_theta(x_t, t, y) ||^2 with t uniform and x_t = sqrt(a_t) x0 + sqrt(1-a_t) eps."""
+    t = torch.randint(0, TRAIN_STEPS, (x0.shape[0],), device=x0.device, generator=generator)
+    noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)
+    noisy = schedule.add_noise(x0, noise, t)
+    predicted = model(noisy, t, labels)[:, : x0.shape[1]]  # with learn_sigma the variance half is not trained here
+    return F.mse_loss(predicted.float(), noise.float())
+
+
+@torch.no_grad()
+def ddim_sample(
+    model,
+    labels: torch.Tensor,
+    shape: tuple[int, int, int],
+    steps: int = 50,
+    guidance: float = 2.0,
+    generator: torch.Generator | None = None,
+    progress=None,
+) -> torch.Tensor:
+    """Images for labels (B,) of shape (C, H, W), in the model's value range, by DDIM (eta 0) with guidance.
+
+    Each step runs the conditional and the "no class" halves as one batch (DiT.forward_with_cfg); guidance 1
+    is the conditional model alone.
+    """
+    scheduler = _diffusers().DDIMScheduler.from_config(noise_schedule().config)
+    scheduler.set_timesteps(steps)
+    device = labels.device
+    x = torch.randn((labels.shape[0], *shape), generator=generator, device=device)
+    null = torch.full_like(labels, model.y_embedder.num_classes)
+    both = torch.cat([labels, null])
+    timesteps = scheduler.timesteps if progress is None else progress(scheduler.timesteps)
+    for t in timesteps:
+        batch_t = torch.full((2 * x.shape[0],), int(t), device=device)
+        eps = model.forward_with_cfg(torch.cat([x, x]), batch_t, both, guidance)[: x.shape[0], : shape[0]]
+        x = scheduler.step(eps, t, x).prev_sample
+    return x

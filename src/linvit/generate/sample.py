@@ -1,0 +1,72 @@
+"""`linvit generate sample`: images of chosen classes from a `linvit generate train` run, as one grid PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+
+from ..distributed import resolve_device
+from ..errors import UsageError
+from ..models import create_dit
+from .diffusion import ddim_sample
+
+
+def load_generator(run: str | Path) -> tuple[torch.nn.Module, dict]:
+    """The run's DiT with its (EMA) weights, and the run's record (config.json "linvit")."""
+    run = Path(run)
+    try:
+        info = json.loads((run / "config.json").read_text())["linvit"]
+    except (OSError, KeyError, json.JSONDecodeError) as err:
+        raise UsageError(f"{run}: not a finished `linvit generate train` run folder (no config.json)") from err
+    if info.get("task") != "generation":
+        raise UsageError(f"{run}: a {info.get('task', 'classification')} run, not a generation run")
+    model = create_dit(
+        info["size"],
+        info["mixer"],
+        input_size=info["image_size"],
+        patch_size=info["patch_size"],
+        in_channels=info["channels"],
+        num_classes=info["num_classes"],
+        learn_sigma=False,
+        class_dropout_prob=info["class_dropout"],
+    )
+    model.load_state_dict(load_file(str(run / "model.safetensors")), strict=True)
+    return model.eval(), info
+
+
+def class_list(text: str, num_classes: int) -> list[int]:
+    """ "0,1,2" -> [0, 1, 2], each checked against the run's classes."""
+    try:
+        classes = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError as err:
+        raise UsageError(f"--classes takes class indices like 0,1,2; got {text!r}") from err
+    bad = [c for c in classes if not 0 <= c < num_classes]
+    if not classes or bad:
+        raise UsageError(f"--classes must name classes 0..{num_classes - 1}; got {text!r}")
+    return classes
+
+
+def run_generate_sample(args) -> torch.Tensor:
+    from torchvision.utils import save_image
+
+    model, info = load_generator(args.checkpoint)
+    device = resolve_device(args.device)
+    model.to(device)
+    classes = class_list(args.classes, info["num_classes"]) if args.classes else list(range(info["num_classes"]))
+    labels = torch.tensor([classes[i % len(classes)] for i in range(args.num)], device=device)
+    size = args.img_size or info["image_size"]
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    bar = (lambda steps: tqdm(steps, desc="sampling", unit="step")) if args.progress else None
+    images = ddim_sample(model, labels, (info["channels"], size, size), args.steps, args.guidance, generator, bar)
+    images = ((images.clamp(-1, 1) + 1) / 2).cpu()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_image(images, out, nrow=max(1, min(len(classes), args.num)) if len(classes) > 1 else 8, padding=1)
+    np.savez_compressed(out.with_suffix(".npz"), images=images.numpy(), labels=labels.cpu().numpy())
+    print(f"wrote {out} ({args.num} samples of classes {classes}, {args.steps} DDIM steps, guidance {args.guidance})")
+    return images
