@@ -95,6 +95,10 @@ def test_sample_writes_a_grid_of_the_asked_classes(tmp_path, mixer):
     saved = np.load(out.with_suffix(".npz"))
     assert saved["images"].shape == (4, 1, 32, 32) and saved["labels"].tolist() == [3, 7, 3, 7]
     assert 0 <= saved["images"].min() and saved["images"].max() <= 1
+    import linvit
+
+    model = linvit.load_run(run)  # a generation run reloads in Python like any other run folder
+    assert type(model).__name__ == "DiT" and model.mixer == mixer and model.label_names == [str(d) for d in range(10)]
     again = tmp_path / "again.png"
     assert cli_main([*argv, "--out", str(again), "--no-progress"]) == 0
     assert np.array_equal(np.load(again.with_suffix(".npz"))["images"], saved["images"])  # seeded
@@ -116,3 +120,56 @@ def test_the_loss_noises_with_diffusers_schedule():
 
     loss = ddpm_loss(model, x0, torch.zeros(4, dtype=torch.long), schedule, torch.Generator().manual_seed(0))
     assert float(loss) < 1e-8 and seen["t"].min() >= 0 and seen["t"].max() < 1000
+
+
+def test_frechet_distance_matches_the_closed_form():
+    from linvit.generate.score import frechet_distance
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(4000, 3))
+    assert frechet_distance(a, a) == pytest.approx(0.0, abs=1e-9)
+    shifted = a + np.array([1.0, 2.0, 0.0])
+    assert frechet_distance(a, shifted) == pytest.approx(5.0, rel=1e-9)  # same covariance: ||mu_a - mu_b||^2
+    scaled = a * 2.0  # means m and 2m, covariances S and 4S: ||m||^2 + Tr(S + 4S - 2 * 2S) = ||m||^2 + Tr(S)
+    expected = (a.mean(0) ** 2).sum() + np.trace(np.cov(a, rowvar=False))
+    assert frechet_distance(a, scaled) == pytest.approx(expected, rel=1e-9)
+
+
+def test_score_judges_samples_with_a_linvit_classifier(tmp_path):
+    gen_run, cls_run = tmp_path / "gen", tmp_path / "cls"
+    assert (
+        cli_main(
+            [
+                "generate",
+                "train",
+                "--data",
+                DATA,
+                "--output",
+                str(gen_run),
+                "--mixer",
+                "katz",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "32",
+                "--workers",
+                "0",
+                "--val-images",
+                "32",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    train = ["train", "--data", DATA, "--model", "vit_4l_patch16_224", "--img-size", "32", "--crop-pct", "1"]
+    train += ["--model-kwargs", "patch_size=8", "embed_dim=32", "num_heads=2", "--epochs", "1", "--batch-size", "32"]
+    train += ["--workers", "0", "--aa", "none", "--mixup", "0", "--cutmix", "0", "--reprob", "0", "--hflip", "0"]
+    assert cli_main([*train, "--no-progress", "--output", str(cls_run)]) == 0
+    out = tmp_path / "score.json"
+    argv = ["generate", "score", "--checkpoint", str(gen_run), "--classifier", str(cls_run), "--num", "20"]
+    assert cli_main([*argv, "--steps", "3", "--json", str(out), "--no-progress"]) == 0
+    result = json.loads(out.read_text())
+    assert 0 <= result["class_accuracy"] <= 1 and result["frechet_distance"] >= 0
+    assert (result["samples"], result["real_images"], result["mixer"]) == (20, 20, "katz")
+    argv[5] = str(gen_run)  # a generator is not a classifier
+    assert cli_main([*argv, "--steps", "3", "--no-progress"]) == 2

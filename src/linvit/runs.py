@@ -17,7 +17,8 @@ from .utils.artifacts import WEIGHTS, read_run_config
 
 
 def load_run(path: str | Path) -> nn.Module:
-    """The trained model of a run folder (or of a file inside one), in eval mode, with ``label_names`` set."""
+    """The trained model of a run folder (or of a file inside one), in eval mode, with ``label_names`` set:
+    a classifier, segmenter, detector, or a generation run's DiT (its EMA weights)."""
     found = read_run_config(path)
     if found is None:
         raise UsageError(f"{path}: not a linvit run folder (no config.json with a 'linvit' section)")
@@ -30,6 +31,10 @@ def load_run(path: str | Path) -> nn.Module:
         import timm
 
         model = timm.create_model(f"local-dir:{folder}", pretrained=True)
+    elif task == "generation":
+        from .generate.sample import load_generator
+
+        model, _ = load_generator(folder)
     else:
         from .evaluate import load_weights
 

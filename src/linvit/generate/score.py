@@ -1,0 +1,113 @@
+"""`linvit generate score`: how good a generator's samples are, offline, judged by a linvit classifier.
+
+Two numbers (issue 26): the share of samples the classifier assigns to the class they were asked for, and
+the Frechet distance between the classifier's penultimate features of the samples and of real images of the
+same data (FID's formula on a digit classifier's features instead of Inception's, which cannot be
+downloaded here). Both depend on the classifier: compare generators scored by the same one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy import linalg
+from tqdm import tqdm
+
+from ..data.digit_tasks import digits_split, is_digits_spec
+from ..distributed import resolve_device
+from ..errors import UsageError
+from .diffusion import ddim_sample
+from .sample import load_generator
+
+
+def load_classifier(run: str | Path) -> torch.nn.Module:
+    """A `linvit train` run folder's classifier (timm's local-dir path), in eval mode."""
+    import timm
+
+    config = Path(run) / "config.json"
+    try:
+        task = json.loads(config.read_text()).get("linvit", {}).get("task", "classification")
+    except (OSError, json.JSONDecodeError) as err:
+        raise UsageError(f"{run}: not a finished `linvit train` run folder (no config.json)") from err
+    if task != "classification":
+        raise UsageError(f"--classifier {run}: a {task} run, not a classifier")
+    return timm.create_model(f"local-dir:{Path(run).resolve()}", pretrained=True).eval()
+
+
+@torch.no_grad()
+def classifier_outputs(classifier, images: torch.Tensor, batch: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, penultimate features) of images in [0, 1] (grey images become RGB), as the classifier was
+    trained to see them: its input size and normalisation."""
+    cfg = classifier.pretrained_cfg
+    mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
+    size = tuple(cfg["input_size"][-2:])
+    logits, features = [], []
+    for start in range(0, len(images), batch):
+        x = images[start : start + batch].float()
+        x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+        if tuple(x.shape[-2:]) != size:
+            x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+        x = ((x - mean) / std).to(next(classifier.parameters()).device)
+        pooled = classifier.forward_head(classifier.forward_features(x), pre_logits=True)
+        features.append(pooled.double().cpu())
+        logits.append(classifier.get_classifier()(pooled).cpu())
+    return torch.cat(logits), torch.cat(features)
+
+
+def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2)) of two feature sets (rows are samples)."""
+    mu_a, mu_b = a.mean(0), b.mean(0)
+    cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    root = linalg.sqrtm(cov_a @ cov_b)
+    if not np.isfinite(root).all():  # a singular product: the standard offset (as in pytorch-fid)
+        offset = np.eye(len(cov_a)) * 1e-6
+        root = linalg.sqrtm((cov_a + offset) @ (cov_b + offset))
+    return float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * root.real))
+
+
+def real_images(data: str, split: str, count: int) -> torch.Tensor:
+    """The first count images of a digits split, (N, 1, H, W) in [0, 1]."""
+    if not is_digits_spec(data):
+        raise UsageError("generate score compares with the drawn digits (runs trained on --data digits:...)")
+    source = digits_split(data, split)
+    return torch.stack([source[i][0][:1] for i in range(min(count, len(source)))])
+
+
+def run_generate_score(args) -> dict:
+    generator, info = load_generator(args.checkpoint)
+    classifier = load_classifier(args.classifier)
+    device = resolve_device(args.device)
+    generator.to(device)
+    classifier.to(device)
+    classes = info["num_classes"]
+    labels = torch.arange(args.num, device=device) % classes
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    shape = (info["channels"], info["image_size"], info["image_size"])
+    samples = []
+    for start in tqdm(range(0, args.num, args.batch_size), desc="sampling", unit="batch", disable=not args.progress):
+        chunk = ddim_sample(generator, labels[start : start + args.batch_size], shape, args.steps, args.guidance, gen)
+        samples.append(((chunk.clamp(-1, 1) + 1) / 2).cpu())
+    logits, fake = classifier_outputs(classifier, torch.cat(samples))
+    _, real = classifier_outputs(classifier, real_images(info["data"], "val", args.num))
+    result = {
+        "class_accuracy": float((logits.argmax(1) == labels.cpu()).float().mean()),
+        "frechet_distance": frechet_distance(real.numpy(), fake.numpy()),
+        "samples": args.num,
+        "real_images": len(real),
+        "steps": args.steps,
+        "guidance": args.guidance,
+        "seed": args.seed,
+        "generator": str(args.checkpoint),
+        "classifier": str(args.classifier),
+        "mixer": info["mixer"],
+    }
+    print(f"class accuracy {100 * result['class_accuracy']:.1f}%  Frechet distance {result['frechet_distance']:.3f}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
