@@ -71,8 +71,10 @@ class Claims:
         return {**row, "command": self.stage_command(SOURCE[metric].format(task=task, family=family))}
 
     def missing(self, claim: str, paper: str, stage: str) -> dict:
+        """The row of a claim whose stages have not run: inconclusive, with the command that would measure it."""
         ours = "not measured yet (its stages have not finished)"
-        return dict(claim=claim, paper=paper, ours=ours, verdict="inconclusive", rule="no data", command=stage)
+        row = dict(claim=claim, paper=paper, ours=ours, verdict="inconclusive", rule="no data")
+        return {**row, "command": self.stage_command(stage)}
 
     def infsa(self) -> list[dict]:
         t = self.report["recipe"]["tasks"][0]
@@ -198,7 +200,7 @@ class Claims:
                 tasks[0],
                 "katz",
                 "test",
-                "Exact infinite-hop InfSA (Katz series) trains as well",
+                "Exact infinite-hop InfSA (Katz series) trains better than softmax",
                 "- (beyond the papers; docs/spec/infsa.md)",
             )
         ]
@@ -231,7 +233,7 @@ class Claims:
                 t,
                 "weightformer",
                 "shifted",
-                "WeightFormer holds up as well under shift",
+                "WeightFormer holds up better under shift than softmax",
                 "- (the paper reports no shifted set; same test as InfSA's ImageNet-V2 row)",
             ),
             dict(
@@ -246,7 +248,7 @@ class Claims:
                 t,
                 "weightformer",
                 "erf_outside_centre",
-                "WeightFormer's receptive field is global",
+                "WeightFormer's receptive field is more global than softmax's",
                 "qualitative ERF figure (RepLKNet protocol); here: share (x100) of the input gradient outside "
                 "the central quarter, vs softmax",
                 100,
