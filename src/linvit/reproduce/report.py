@@ -107,15 +107,17 @@ def analysis_table(report: dict) -> list[str]:
 
 
 def lr_table(report: dict) -> list[str]:
-    sweep = report["lr_sweep"]
-    lrs = sorted({lr for s in sweep.values() for lr in s["val"]})
+    """Seed 0's val top-1 per family and learning rate (keys are numbers, or strings once read from JSON)."""
+    sweep = {family: {float(lr): v for lr, v in s["val"].items()} for family, s in report["lr_sweep"].items()}
+    lrs = sorted({lr for values in sweep.values() for lr in values})
     if len(lrs) < 2:
         return []
     lines = ["", "## Per-family learning rate (seed 0, first task, val top-1; the shared recipe stays the protocol)"]
     lines += ["", "| family | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best |", "|---" * (len(lrs) + 2) + "|"]
-    for family, s in sweep.items():
-        cells = [family] + [f"{s['val'][lr]:.1f}" if lr in s["val"] else "-" for lr in lrs]
-        lines.append(_row(cells + [f"{s['best_val']:.1f} at {s['best_lr']:g}"]))
+    for family, values in sweep.items():
+        best = max(values, key=values.get)
+        cells = [family] + [f"{values[lr]:.1f}" if lr in values else "-" for lr in lrs]
+        lines.append(_row(cells + [f"{values[best]:.1f} at {best:g}"]))
     return lines
 
 
