@@ -101,7 +101,7 @@ def analysis_table(report: dict) -> list[str]:
         method = next((x["maps"]["method"] for x in e["seeds"].values() if "maps" in x), "-")
         cells = [family, method] + [interval(s.get(k), 100) for k in ("box_roc_auc", "box_pr_auc", "morf_aoc")]
         cells += [interval(s.get(k), 100) for k in ("lerf_aoc", "pointing_game")]
-        cells += [interval(s.get("spectral_cosine"), digits=3), interval(s.get("erf_outside_centre"), digits=2)]
+        cells += [interval(s.get("spectral_cosine"), digits=3), interval(s.get("erf_outside_centre"), 100)]
         lines.append(_row(cells))
     return lines
 
