@@ -343,10 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["infer", "train"], default="infer", help="forward only, or forward+backward")
     p.add_argument(
         "--task",
-        choices=["classify", "segment", "detect"],
+        choices=["classify", "segment", "detect", "generate"],
         default="classify",
-        help="the classifier; backbone + pyramid + semantic-FPN head (150 classes) as in `linvit segment`; or the "
-        "whole Faster R-CNN (81 classes) of `linvit detect` at res x res*1333/800, inference",
+        help="the classifier; backbone + pyramid + semantic-FPN head (150 classes) as in `linvit segment`; the "
+        "whole Faster R-CNN (81 classes) of `linvit detect` at res x res*1333/800, inference; or a DiT (--models "
+        "are mixers, --res the latent side; default DiT-S/2, 4 channels): infer = one guided sampling step",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="non-fp32 runs under autocast")

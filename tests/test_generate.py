@@ -171,5 +171,31 @@ def test_score_judges_samples_with_a_linvit_classifier(tmp_path):
     result = json.loads(out.read_text())
     assert 0 <= result["class_accuracy"] <= 1 and result["frechet_distance"] >= 0
     assert (result["samples"], result["real_images"], result["mixer"]) == (20, 20, "katz")
+    assert 0 <= result["real_class_accuracy"] <= 1 and (20 * result["real_class_accuracy"]).is_integer()
+    assert result["real_frechet_distance"] >= 0 and result["sampling_seconds"] > 0
     argv[5] = str(gen_run)  # a generator is not a classifier
     assert cli_main([*argv, "--steps", "3", "--no-progress"]) == 2
+
+
+def test_bench_generate_times_a_guided_sampling_step_and_a_training_step():
+    """--task generate: the mixers are the models, --res the latent side; a softmax DiT's FLOPs grow faster than
+    the tokens (attention is quadratic), a Linear-InfSA DiT's no faster (its mixing is linear)."""
+    from linvit.bench.point import measure
+
+    spec = dict(task="generate", iters=1, warmup=1, model_kwargs={"size": "tiny"})
+    gflops = {}
+    for mixer in ("softmax", "linear"):
+        small, large = (measure({**spec, "model": mixer, "res": res}) for res in (16, 32))
+        assert (small["tokens"], large["tokens"]) == (64, 256)  # DiT's patch 2
+        gflops[mixer] = large["gflops"] / small["gflops"]
+    assert gflops["softmax"] > 4.5 and gflops["linear"] < 4.05, gflops
+    train = measure({**spec, "model": "weightformer", "res": 16, "mode": "train", "batch": 2})
+    assert train["status"] == "ok" and train["gflops"] > 0 and train["params"] > 0
+
+
+def test_bench_generate_names_the_mixers_it_takes(tmp_path, capsys):
+    argv = ["bench", "--task", "generate", "--models", "vit_4l_patch16_224", "--res", "16", "--out", str(tmp_path)]
+    assert cli_main(argv) == 2
+    assert "--task generate takes DiT mixers as --models (softmax, pure, linear, katz, weightformer)" in (
+        capsys.readouterr().err
+    )

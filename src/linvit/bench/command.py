@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
+from ..models.dit import MIXERS as DIT_MIXERS
 from ..models.variants import split_name
 from ..utils import COMPILE_MODES
 from ..utils.flops import count_flops
@@ -101,8 +102,11 @@ def _suite_plan(args, name: str) -> dict:
 
 
 def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, batches, compiles, common, command):
-    for spec in [*models, *references]:
-        split_name(spec)  # fail fast on an unknown variant
+    for spec in [*models, *references]:  # fail fast on an unknown model, variant or mixer
+        if common["task"] == "generate" and spec not in DIT_MIXERS:
+            raise UsageError(f"--task generate takes DiT mixers as --models ({', '.join(DIT_MIXERS)}); got {spec!r}")
+        if common["task"] != "generate":
+            split_name(spec)
     for mode in compiles:
         if mode not in COMPILE_MODES:
             raise UsageError(f"--compile takes {', '.join(COMPILE_MODES)}, got {mode!r}")

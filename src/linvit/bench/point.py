@@ -11,10 +11,13 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 import linvit  # noqa: F401  (registers the models)
 
@@ -60,97 +63,167 @@ def _timed(step, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+@dataclass
+class Workload:
+    """What one benchmark point runs: the model, one inference call, one training loss, its token count."""
+
+    model: torch.nn.Module
+    infer: Callable[[torch.nn.Module], object]
+    loss: Callable[[torch.nn.Module], torch.Tensor] | None
+    tokens: int
+
+
+def _patch_tokens(model: torch.nn.Module, height: int, width: int) -> int:
+    backbone = getattr(model, "backbone", model)  # the segmenter's timm backbone, or the detector's pyramid
+    backbone = getattr(backbone, "body", backbone)  # ... whose body is the timm backbone
+    patch = getattr(getattr(backbone, "patch_embed", None), "patch_size", (16, 16))
+    return (height // patch[0]) * (width // patch[1])
+
+
+def classify_workload(spec: dict, batch: int, res: int, device: torch.device) -> Workload:
+    """The classifier; position embeddings resampled per input (as deployed), never a weight sized to res."""
+    model = create_any_size(spec["model"], **(spec.get("model_kwargs") or {})).to(device)
+    x = torch.randn(batch, 3, res, res, device=device)
+    target = torch.randint(0, max(1, getattr(model, "num_classes", 1000)), (batch,), device=device)
+    loss = lambda net: F.cross_entropy(net(x).float(), target)  # noqa: E731
+    return Workload(model, lambda net: net(x), loss, _patch_tokens(model, res, res))
+
+
+def segment_workload(spec: dict, batch: int, res: int, device: torch.device) -> Workload:
+    """Backbone + simple feature pyramid + semantic-FPN head, 150 classes (ADE20K)."""
+    from ..segment import create_segmenter
+
+    model = create_segmenter(spec["model"], num_classes=SEGMENT_CLASSES, **(spec.get("model_kwargs") or {}))
+    model = model.to(device)
+    x = torch.randn(batch, 3, res, res, device=device)
+    target = torch.randint(0, SEGMENT_CLASSES, (batch, res, res), device=device)
+    loss = lambda net: F.cross_entropy(net(x).float(), target)  # noqa: E731
+    return Workload(model, lambda net: net(x), loss, _patch_tokens(model, res, res))
+
+
+def detect_workload(spec: dict, batch: int, res: int, device: torch.device) -> Workload:
+    """The whole Faster R-CNN (pyramid, RPN, RoI heads) at res x res*1333/800, inference only."""
+    from ..detect import create_detector
+
+    width = round(res * COCO_ASPECT)
+    kwargs = spec.get("model_kwargs") or {}
+    model = create_detector(spec["model"], DETECT_CLASSES, min_size=res, max_size=width, **kwargs).to(device)
+    images = list(torch.rand(batch, 3, res, width, device=device))  # detectors take lists of [0, 1] images
+    return Workload(model, lambda net: net(images), None, _patch_tokens(model, res, width))
+
+
+def generate_workload(spec: dict, batch: int, res: int, device: torch.device) -> Workload:
+    """A class-conditional DiT on a res x res latent (default DiT-S/2 on 4 channels, 1000 classes); the model
+    name is its mixer. Inference is one sampling step with classifier-free guidance (the network runs on
+    2 x batch); training is the DDPM loss's forward and backward at random timesteps."""
+    from ..models import create_dit
+
+    kwargs = {"size": "S", "patch_size": 2, "in_channels": 4, "num_classes": 1000, **(spec.get("model_kwargs") or {})}
+    model = create_dit(kwargs.pop("size"), spec["model"], input_size=res, learn_sigma=False, **kwargs).to(device)
+    x = torch.randn(batch, model.in_channels, res, res, device=device)
+    t = torch.randint(0, 1000, (batch,), device=device)
+    y = torch.randint(0, model.y_embedder.num_classes, (batch,), device=device)
+    both = torch.cat([y, torch.full_like(y, model.y_embedder.num_classes)])
+    noise = torch.randn_like(x)
+    infer = lambda net: net.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), both, 2.0)  # noqa: E731
+    loss = lambda net: F.mse_loss(net(x, t, y).float(), noise)  # noqa: E731
+    return Workload(model, infer, loss, (res // model.patch_size) ** 2)
+
+
+WORKLOADS = {
+    "classify": classify_workload,
+    "segment": segment_workload,
+    "detect": detect_workload,
+    "generate": generate_workload,
+}
+
+
 def measure(spec: dict) -> dict:
     """Time spec["model"] at spec["res"]; returns the point's record (status "ok")."""
     spec = {**DEFAULTS, **spec}
     device = torch.device(spec["device"])
     if device.type == "cuda" and device.index is None:  # the memory-fraction cap needs an explicit index
         device = torch.device("cuda", torch.cuda.current_device())
-    dtype = DTYPES[spec["dtype"]]
     mode, batch, res = spec["mode"], int(spec["batch"]), int(spec["res"])
-    warmup, iters = max(0, int(spec["warmup"])), max(1, int(spec["iters"]))
     if device.type == "cuda" and spec.get("mem_limit_gb"):
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["mem_limit_gb"] * 2**30 / total), device)
     torch.manual_seed(0)
-    kwargs = spec.get("model_kwargs") or {}
-    if spec.get("task") == "segment":  # backbone + simple feature pyramid + semantic-FPN head, 150 classes
-        from ..segment import create_segmenter
-
-        model = create_segmenter(spec["model"], num_classes=SEGMENT_CLASSES, **kwargs)
-        target_shape = (batch, res, res)
-    elif spec.get("task") == "detect":  # the whole Faster R-CNN (pyramid, RPN, RoI heads), inference only
-        from ..detect import create_detector
-
-        if mode != "infer":
-            raise UsageError("--task detect measures inference only")
-        width = round(res * COCO_ASPECT)
-        model = create_detector(spec["model"], DETECT_CLASSES, min_size=res, max_size=width, **kwargs)
-        target_shape = (batch,)
-    else:  # position embeddings resampled per input (as deployed), never a weight sized to the resolution
-        model = create_any_size(spec["model"], **kwargs)
-        target_shape = (batch,)
-    model = model.to(device)
-    model.train(mode == "train")
-    runner = compile_model(model, spec["compile"])
-    width = round(res * COCO_ASPECT) if spec.get("task") == "detect" else res
-    x = torch.randn(batch, 3, res, width, device=device)
-    inputs = list(x.uniform_(0, 1)) if spec.get("task") == "detect" else x  # detectors take lists of [0, 1] images
-    target = torch.randint(0, max(1, getattr(model, "num_classes", 1000)), target_shape, device=device)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    work = WORKLOADS[spec["task"]](spec, batch, res, device)
+    if mode == "train" and work.loss is None:
+        raise UsageError(f"--task {spec['task']} measures inference only")
+    work.model.train(mode == "train")
+    runner = compile_model(work.model, spec["compile"])
+    autocast = torch.autocast(device.type, dtype=DTYPES[spec["dtype"]]) if spec["dtype"] != "fp32" else nullcontext()
 
     def step(net: torch.nn.Module = runner) -> None:
         if mode == "train":
             with autocast:
-                loss = torch.nn.functional.cross_entropy(net(x).float(), target)
+                loss = work.loss(net)
             loss.backward()
-            model.zero_grad(set_to_none=True)
+            work.model.zero_grad(set_to_none=True)
         else:
             with torch.inference_mode(), autocast:
-                net(inputs)
+                work.infer(net)
 
-    energy = EnergyMeter(device)
-    times: list[float] = []
-    flops = compile_s = None
-    with PeakMemory(device) as mem:  # opens cold: a warmed-up allocator would hide the peak in reused memory
-        if spec["compile"] != "off":  # the first call compiles (and captures the CUDA graph): timed apart
-            compile_s = _timed(step, device)
-        for _ in range(warmup):
-            step()
-        _sync(device)
-        e0 = energy.joules()
-        clock = time.perf_counter()
-        while len(times) < iters or time.perf_counter() - clock < spec["min_time_s"]:  # long enough for NVML
-            times.append(_timed(step, device))
-        e1 = energy.joules()
-    if warmup:  # FLOPs of the eager model from one more iteration, outside the memory window: the counter's
-        flops = count_flops(partial(step, model))  # dispatch mode decomposes some ops into large temporaries
+    timing = _time_steps(step, spec, device)
+    times = timing.times
+    flops = None
+    if spec["warmup"]:  # FLOPs of the eager model from one more iteration, outside the memory window: the counter's
+        flops = count_flops(partial(step, work.model))  # dispatch mode decomposes some ops into large temporaries
     median = statistics.median(times)
-    backbone = getattr(model, "backbone", model)  # the segmenter's timm backbone, or the detector's pyramid
-    backbone = getattr(backbone, "body", backbone)  # ... whose body is the timm backbone
-    patch = getattr(getattr(backbone, "patch_embed", None), "patch_size", (16, 16))
+    quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [median, median, median]
     return {
         **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype", "task", "compile")},
         "status": "ok",
         "reason": None,
-        "tokens": (res // patch[0]) * (width // patch[1]),
+        "tokens": work.tokens,
         "latency_ms": median * 1e3,
         "latency_min_ms": min(times) * 1e3,
         "latency_max_ms": max(times) * 1e3,
-        "latency_iqr_ms": (statistics.quantiles(times, n=4)[2] - statistics.quantiles(times, n=4)[0]) * 1e3
-        if len(times) >= 2
-        else 0.0,
+        "latency_iqr_ms": (quartiles[2] - quartiles[0]) * 1e3,
         "iters": len(times),
-        "compile_s": compile_s,
+        "compile_s": timing.compile_s,
         "images_per_s": batch / median,
-        "peak_mem_mb": mem.peak / 2**20,
-        "peak_total_mb": mem.total / 2**20,
+        "peak_mem_mb": timing.peak_mb,
+        "peak_total_mb": timing.total_mb,
         "gflops": flops / 1e9 if flops is not None else None,
         "gflops_per_s": flops / 1e9 / median if flops is not None else None,
-        "energy_j_per_img": (e1 - e0) / (len(times) * batch) if e0 is not None else None,
-        "energy_reason": energy.reason,
-        "params": sum(p.numel() for p in model.parameters()),
+        "energy_j_per_img": timing.joules / (len(times) * batch) if timing.joules is not None else None,
+        "energy_reason": timing.energy_reason,
+        "params": sum(p.numel() for p in work.model.parameters()),
     }
+
+
+@dataclass
+class Timing:
+    times: list[float]  # seconds per timed iteration
+    compile_s: float | None
+    joules: float | None  # over the timed iterations
+    energy_reason: str | None
+    peak_mb: float
+    total_mb: float
+
+
+def _time_steps(step, spec: dict, device: torch.device) -> Timing:
+    """Compile (timed apart), warm up, then time iterations inside one cold memory window."""
+    energy = EnergyMeter(device)
+    times: list[float] = []
+    compile_s = None
+    with PeakMemory(device) as mem:  # opens cold: a warmed-up allocator would hide the peak in reused memory
+        if spec["compile"] != "off":  # the first call compiles (and captures the CUDA graph): timed apart
+            compile_s = _timed(step, device)
+        for _ in range(max(0, int(spec["warmup"]))):
+            step()
+        _sync(device)
+        e0 = energy.joules()
+        clock = time.perf_counter()
+        iters = max(1, int(spec["iters"]))
+        while len(times) < iters or time.perf_counter() - clock < spec["min_time_s"]:  # long enough for NVML
+            times.append(_timed(step, device))
+        e1 = energy.joules()
+    joules = (e1 - e0) if e0 is not None else None
+    return Timing(times, compile_s, joules, energy.reason, mem.peak / 2**20, mem.total / 2**20)
 
 
 def classify_error(err: BaseException) -> str:

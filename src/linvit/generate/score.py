@@ -9,6 +9,7 @@ downloaded here). Both depend on the classifier: compare generators scored by th
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,12 +71,13 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * root.real))
 
 
-def real_images(data: str, split: str, count: int) -> torch.Tensor:
-    """The first count images of a digits split, (N, 1, H, W) in [0, 1]."""
+def real_images(data: str, split: str, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first count images of a digits split, (N, 1, H, W) in [0, 1], and their labels (N,)."""
     if not is_digits_spec(data):
         raise UsageError("generate score compares with the drawn digits (runs trained on --data digits:...)")
     source = digits_split(data, split)
-    return torch.stack([source[i][0][:1] for i in range(min(count, len(source)))])
+    items = [source[i] for i in range(min(count, len(source)))]
+    return torch.stack([item[0][:1] for item in items]), torch.tensor([int(item[1]) for item in items])
 
 
 def run_generate_score(args) -> dict:
@@ -88,17 +90,25 @@ def run_generate_score(args) -> dict:
     labels = torch.arange(args.num, device=device) % classes
     gen = torch.Generator(device=device).manual_seed(args.seed)
     shape = (info["channels"], info["image_size"], info["image_size"])
-    samples = []
+    samples, start_time = [], time.perf_counter()
     for start in tqdm(range(0, args.num, args.batch_size), desc="sampling", unit="batch", disable=not args.progress):
         chunk = ddim_sample(generator, labels[start : start + args.batch_size], shape, args.steps, args.guidance, gen)
         samples.append(((chunk.clamp(-1, 1) + 1) / 2).cpu())
+    sampling_seconds = time.perf_counter() - start_time
     logits, fake = classifier_outputs(classifier, torch.cat(samples))
-    _, real = classifier_outputs(classifier, real_images(info["data"], "val", args.num))
+    val_images, val_labels = real_images(info["data"], "val", args.num)
+    real_logits, real = classifier_outputs(classifier, val_images)
+    _, other_real = classifier_outputs(classifier, real_images(info["data"], "test", args.num)[0])
     result = {
         "class_accuracy": float((logits.argmax(1) == labels.cpu()).float().mean()),
         "frechet_distance": frechet_distance(real.numpy(), fake.numpy()),
+        # the scale of both numbers: the classifier on real val images, and two real sets (val vs test) apart
+        "real_class_accuracy": float((real_logits.argmax(1) == val_labels).float().mean()),
+        "real_frechet_distance": frechet_distance(real.numpy(), other_real.numpy()),
         "samples": args.num,
         "real_images": len(real),
+        "sampling_seconds": sampling_seconds,
+        "device": str(device),
         "steps": args.steps,
         "guidance": args.guidance,
         "seed": args.seed,
@@ -106,7 +116,10 @@ def run_generate_score(args) -> dict:
         "classifier": str(args.classifier),
         "mixer": info["mixer"],
     }
-    print(f"class accuracy {100 * result['class_accuracy']:.1f}%  Frechet distance {result['frechet_distance']:.3f}")
+    print(
+        f"class accuracy {100 * result['class_accuracy']:.1f}% (real images {100 * result['real_class_accuracy']:.1f}%)"
+        f"  Frechet distance {result['frechet_distance']:.3f} (real val vs test {result['real_frechet_distance']:.3f})"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -1,0 +1,163 @@
+"""Issue 26's results: every DiT mixer trained with one recipe on the embedded digits, with seeds, scored offline.
+
+    python scripts/generate_results.py --out runs/generate-results          # train, sample, score (resumable)
+    python scripts/generate_results.py --out runs/generate-results --publish docs
+
+Every step is a `linvit` command run as a stage of `linvit reproduce` (printed, resumable: a finished stage
+is reused, an interrupted training continues from its last.pth). The stages: a softmax classifier on the
+same digits (the recipe `linvit reproduce` uses), then per mixer and seed `linvit generate train` with the
+defaults and `linvit generate score`, and one `linvit generate sample` grid per mixer. `--publish DOCS`
+writes DOCS/generate/{results.json, samples.png} and the table between `<!-- generate:begin/end -->` in
+DOCS/results.md, all from the stages' JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+from pathlib import Path
+
+from linvit.reproduce.claims import interval
+from linvit.reproduce.plan import Stage
+from linvit.reproduce.stages import run_stages
+from linvit.reproduce.stats import mean_interval
+from linvit_cli import run_command
+
+MIXERS = ("softmax", "weightformer", "pure", "linear", "katz")
+DATA = "digits:digit,canvas=32,clutter=0"
+CLASSIFIER = [
+    "train", "--model", "vit_4l_patch16_224", "--data", DATA, "--img-size", "32", "--crop-pct", "1.0",
+    "--seed", "0", "--epochs", "14", "--batch-size", "64", "--lr", "0.001", "--warmup-epochs", "1",
+    "--drop-path", "0", "--aa", "none", "--mixup", "0", "--cutmix", "0", "--reprob", "0", "--smoothing", "0",
+    "--scale", "1", "1", "--ratio", "1", "1", "--hflip", "0", "--workers", "0", "--device", "cpu",
+    "--resume", "auto", "--no-progress", "--model-kwargs", "patch_size=8", "embed_dim=192", "depth=4", "num_heads=3",
+]  # fmt: skip
+BEGIN, END = "<!-- generate:begin -->", "<!-- generate:end -->"
+
+
+def plan(out: str, seeds: list[int], epochs: int) -> list[Stage]:
+    """The classifier, then train + score per (mixer, seed), then a grid per mixer (its first seed)."""
+    classifier = [*CLASSIFIER, "--output", f"{out}/classifier"]
+    stages = [Stage("classifier", classifier, ["classifier/model.safetensors"], 200)]
+    for mixer in MIXERS:
+        for seed in seeds:
+            run = f"runs/{mixer}/s{seed}"
+            argv = ["generate", "train", "--data", DATA, "--mixer", mixer, "--epochs", str(epochs), "--seed", str(seed)]
+            argv += ["--output", f"{out}/{run}", "--workers", "0", "--device", "cpu", "--resume", "auto"]
+            argv += ["--no-progress"]
+            stages.append(Stage(f"train/{mixer}/s{seed}", argv, [f"{run}/model.safetensors"], 10 * epochs))
+            argv = ["generate", "score", "--checkpoint", f"{out}/{run}", "--classifier", f"{out}/classifier"]
+            argv += ["--num", "500", "--device", "cpu", "--no-progress", "--json", f"{out}/scores/{mixer}_s{seed}.json"]
+            stages.append(Stage(f"score/{mixer}/s{seed}", argv, [f"scores/{mixer}_s{seed}.json"], 60))
+        argv = ["generate", "sample", "--checkpoint", f"{out}/runs/{mixer}/s{seeds[0]}", "--num", "40"]
+        argv += ["--device", "cpu", "--no-progress", "--out", f"{out}/grids/{mixer}.png"]
+        stages.append(Stage(f"sample/{mixer}", argv, [f"grids/{mixer}.png"], 10))
+    return stages
+
+
+def summarise(out: Path, seeds: list[int], epochs: int) -> dict:
+    """Per mixer: class accuracy and Frechet distance over seeds (mean, 95% t-interval), final val loss,
+    training seconds per epoch and sampling images per second, read back from the runs' JSON."""
+    mixers = {}
+    for mixer in MIXERS:
+        scores = [json.loads((out / f"scores/{mixer}_s{s}.json").read_text()) for s in seeds]
+        curves = [_metrics(out / f"runs/{mixer}/s{s}") for s in seeds]
+        mixers[mixer] = {
+            "class_accuracy": mean_interval([r["class_accuracy"] for r in scores]),
+            "frechet_distance": mean_interval([r["frechet_distance"] for r in scores]),
+            "val_loss": mean_interval([c[-1]["val_loss"] for c in curves]),
+            "epoch_seconds": mean_interval([sum(e["epoch_seconds"] for e in c) / len(c) for c in curves]),
+            "sample_images_per_second": mean_interval([r["samples"] / r["sampling_seconds"] for r in scores]),
+        }
+    reference = ("samples", "steps", "guidance", "real_class_accuracy", "real_frechet_distance")
+    first = json.loads((out / f"scores/{MIXERS[0]}_s{seeds[0]}.json").read_text())
+    return {
+        "data": DATA,
+        "seeds": seeds,
+        "epochs": epochs,
+        "recipe": "linvit generate train defaults (DiT-tiny, patch 4, AdamW lr 3e-4, batch 64, EMA 0.999)",
+        "score": {k: first[k] for k in reference},
+        "mixers": mixers,
+    }
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def table(summary: dict) -> str:
+    """The markdown table of summarise()'s numbers (percent for accuracy, intervals over seeds)."""
+    score = summary["score"]
+    lines = [
+        f"DiT-tiny per mixer on `{summary['data']}` (32 x 32 grey, patch 4: 64 tokens), {summary['epochs']} epochs, "
+        f"seeds {', '.join(map(str, summary['seeds']))}; mean [95% t-interval over seeds]. "
+        f"Scored on {score['samples']} samples ({score['steps']} DDIM steps, guidance {score['guidance']}) by a "
+        f"softmax classifier that gets {100 * score['real_class_accuracy']:.1f}% of real val digits right; two real "
+        f"sets (val vs test) lie {score['real_frechet_distance']:.2f} apart in its features. Chance is 10%.",
+        "",
+        "| mixer | class accuracy % | Frechet distance | final val loss | train s/epoch (CPU) | samples/s (CPU) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mixer, row in summary["mixers"].items():
+        lines.append(
+            f"| {mixer} | {interval(row['class_accuracy'], 100)} | {interval(row['frechet_distance'], digits=2)} "
+            f"| {interval(row['val_loss'], digits=4)} | {interval(row['epoch_seconds'])} "
+            f"| {interval(row['sample_images_per_second'])} |"
+        )
+    return "\n".join(lines)
+
+
+def publish(out: Path, docs: Path, summary: dict) -> None:
+    folder = docs / "generate"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps(summary, indent=2))
+    samples_figure(out, folder / "samples.png")
+    results = docs / "results.md"
+    text = results.read_text()
+    block = f"{BEGIN}\n{table(summary)}\n\n![samples per mixer](generate/samples.png)\n{END}"
+    if BEGIN not in text:
+        raise SystemExit(f"{results}: no {BEGIN} ... {END} markers to write the table between")
+    results.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S))
+    shutil.copy(out / "commands.txt", folder / "commands.txt")
+
+
+def samples_figure(out: Path, path: Path) -> None:
+    """One panel per mixer: its grid (columns are classes 0-9, four samples each)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(MIXERS), figsize=(3.2 * len(MIXERS), 1.7))
+    for ax, mixer in zip(axes, MIXERS, strict=True):
+        ax.imshow(plt.imread(out / f"grids/{mixer}.png"), cmap="gray")
+        ax.set_title(mixer, fontsize=10)
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/generate-results")
+    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--publish", default=None, help="docs folder to write results.json, figure and table into")
+    args = parser.parse_args()
+    out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]
+    stages = plan(str(out), seeds, args.epochs)
+    timings = run_stages(out, stages, run_command)
+    (out / "commands.txt").write_text("\n".join(f"linvit {t['command']}" for t in timings.values()) + "\n")
+    summary = summarise(out, seeds, args.epochs)
+    summary["stage_minutes"] = sum(t["seconds"] or 0 for t in timings.values()) / 60
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    print(table(summary))
+    if args.publish:
+        publish(out, Path(args.publish), summary)
+
+
+if __name__ == "__main__":
+    main()
