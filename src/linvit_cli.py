@@ -461,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--size", choices=("tiny", "S", "B", "L", "XL"), default="tiny", help="DiT size (tiny: CPU)")
     t.add_argument("--patch-size", type=POSITIVE, default=4)
     t.add_argument("--img-size", type=POSITIVE, default=None, help="image folders: resize and crop to this side")
+    t.add_argument(
+        "--vae",
+        default=None,
+        metavar="DIR",
+        help="latent diffusion: a diffusers AutoencoderKL folder on disk (save_pretrained); default pixel space",
+    )
     t.add_argument("--epochs", type=POSITIVE, default=30)
     t.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (per-iteration cosine schedule)")
     t.add_argument("--weight-decay", type=float, default=0.0)

@@ -199,3 +199,49 @@ def test_bench_generate_names_the_mixers_it_takes(tmp_path, capsys):
     assert "--task generate takes DiT mixers as --models (softmax, pure, linear, katz, weightformer)" in (
         capsys.readouterr().err
     )
+
+
+def _tiny_vae(folder):
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    blocks = dict(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2)
+    vae = AutoencoderKL(block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4, **blocks)
+    vae.save_pretrained(folder)
+    return vae
+
+
+def test_latent_codec_scales_the_posterior_sample_as_dit_does(tmp_path):
+    from linvit.generate.latent import LatentCodec
+
+    vae = _tiny_vae(tmp_path / "vae")
+    codec = LatentCodec(tmp_path / "vae")
+    assert (codec.latent_channels, codec.downsample, codec.scale) == (4, 2, 0.18215)
+    grey = torch.rand(2, 1, 32, 32) * 2 - 1
+    latents = codec.encode(grey, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = vae.encode(grey.expand(-1, 3, -1, -1)).latent_dist.sample(torch.Generator().manual_seed(3))
+        assert torch.equal(latents, expected * 0.18215)  # grey images repeated to the VAE's RGB
+        assert torch.allclose(codec.decode(latents), vae.decode(expected).sample, atol=1e-6)
+    with pytest.raises(ValueError, match="not a multiple of the VAE's downsampling 2"):
+        codec.latent_size(33)
+
+
+def test_latent_diffusion_trains_on_the_vaes_latents_and_samples_pictures(tmp_path, capsys):
+    _tiny_vae(tmp_path / "vae")
+    run = tmp_path / "run"
+    argv = ["generate", "train", "--data", DATA, "--output", str(run), "--vae", str(tmp_path / "vae"), "--epochs", "1"]
+    argv += ["--batch-size", "32", "--workers", "0", "--val-images", "32", "--no-progress"]
+    assert cli_main(argv) == 0
+    info = json.loads((run / "config.json").read_text())["linvit"]
+    assert (info["channels"], info["image_size"], info["pixel_size"]) == (4, 16, 32)  # the DiT sees 4 x 16 x 16
+    assert np.isfinite(_metrics(run)[-1]["val_loss"])
+    out = tmp_path / "grid.png"
+    sample = ["generate", "sample", "--checkpoint", str(run), "--classes", "1,2", "--num", "2", "--steps", "3"]
+    assert cli_main([*sample, "--out", str(out), "--no-progress"]) == 0
+    images = np.load(out.with_suffix(".npz"))["images"]
+    assert images.shape == (2, 3, 32, 32) and 0 <= images.min() and images.max() <= 1  # decoded to pixels
+    assert cli_main([*sample, "--img-size", "48", "--out", str(out), "--no-progress"]) == 0
+    assert np.load(out.with_suffix(".npz"))["images"].shape == (2, 3, 48, 48)
+    assert cli_main([*argv[:-1], "--no-progress", "--vae", str(tmp_path)]) == 2
+    assert "not a folder written by diffusers' AutoencoderKL.save_pretrained" in capsys.readouterr().err

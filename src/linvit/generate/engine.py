@@ -3,7 +3,8 @@
 Resume (SIGKILL-safe checkpoints), torchrun DDP, EMA weights, run folders and metrics.jsonl are the same as
 `linvit train`'s; only the model, the data and the loss differ. Data: the drawn digits (`--data digits:...`,
 one grey channel, fresh canvases every epoch) or an image folder with class subfolders (RGB), scaled to
-[-1, 1]. The run folder's model.safetensors holds the EMA weights, what sampling uses.
+[-1, 1]. With --vae DIR (a diffusers AutoencoderKL on disk) the DiT models the VAE's latents instead
+(linvit.generate.latent). The run folder's model.safetensors holds the EMA weights, what sampling uses.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..models import create_dit
 from ..utils.paths import output_dir
 from ..utils.runtime import seed_everything
 from .diffusion import ddpm_loss, noise_schedule
+from .latent import LatentCodec
 
 
 class PixelImages(torch.utils.data.Dataset):
@@ -71,13 +73,15 @@ def build_generator(args, channels: int, num_classes: int, size: int):
 
 
 @torch.no_grad()
-def validation_loss(model, loader, schedule, device, seed: int) -> float:
-    """The DDPM loss on the validation images with fixed timesteps and noise (comparable across epochs)."""
+def validation_loss(model, loader, schedule, device, seed: int, codec: LatentCodec | None = None) -> float:
+    """The DDPM loss on the validation images (their latents with a VAE) with fixed timesteps and noise."""
     model.eval()
     gen = torch.Generator(device=device).manual_seed(seed)
     total, count = 0.0, 0
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)
+        if codec is not None:
+            images = codec.encode(images, gen)
         total += float(ddpm_loss(model, images, labels, schedule, gen)) * len(images)
         count += len(images)
     total, count = all_reduce_sum([total, count], device)
@@ -107,7 +111,10 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
     val_shard = torch.utils.data.Subset(val_set, list(range(rank, min(len(val_set), args.val_images), world)))
     val_loader = DataLoader(val_shard, batch_size=args.batch_size, num_workers=args.workers)
-    model = build_generator(args, train_set.channels, len(train_set.classes), train_set.size).to(device)
+    codec = LatentCodec(args.vae).to(device) if args.vae else None
+    channels = codec.latent_channels if codec else train_set.channels
+    size = codec.latent_size(train_set.size) if codec else train_set.size
+    model = build_generator(args, channels, len(train_set.classes), size).to(device)
     ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True)
     optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, ema, scaler, rank)
@@ -119,8 +126,11 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         "size": args.size,
         "mixer": args.mixer,
         "patch_size": args.patch_size,
-        "channels": train_set.channels,
-        "image_size": train_set.size,
+        "channels": channels,  # what the DiT models: pixels, or the VAE's latents
+        "image_size": size,
+        "vae": codec.folder if codec else None,
+        "pixel_channels": train_set.channels,
+        "pixel_size": train_set.size,
         "num_classes": len(train_set.classes),
         "class_dropout": args.class_dropout,
         "weights": "ema",
@@ -134,6 +144,8 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
 
     def batch_loss(batch) -> tuple[torch.Tensor, int]:
         images, labels = (t.to(device, non_blocking=True) for t in batch)
+        if codec is not None:
+            images = codec.encode(images)
         with autocast(device, args.amp):
             return ddpm_loss(net, images, labels, schedule), len(images)
 
@@ -143,7 +155,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         return train_pass(net, loader, batch_loss, optimizer, scheduler, scaler, epoch, args, device, rank, after)
 
     def evaluate_epoch(epoch: int) -> dict:
-        return {"val_loss": validation_loss(ema.module, val_loader, schedule, device, args.seed)}
+        return {"val_loss": validation_loss(ema.module, val_loader, schedule, device, args.seed, codec)}
 
     def state(epoch: int, rngs: list, hist: list) -> dict:
         return training_state(model, optimizer, scheduler, ema, scaler, epoch, rngs, hist, args)

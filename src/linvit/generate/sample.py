@@ -14,6 +14,7 @@ from ..distributed import resolve_device
 from ..errors import UsageError
 from ..models import create_dit
 from .diffusion import ddim_sample
+from .latent import LatentCodec
 
 
 def load_generator(run: str | Path) -> tuple[torch.nn.Module, dict]:
@@ -39,6 +40,19 @@ def load_generator(run: str | Path) -> tuple[torch.nn.Module, dict]:
     return model.eval(), info
 
 
+def sample_images(model, info: dict, labels: torch.Tensor, steps: int, guidance: float, generator, **options):
+    """Samples of labels in [0, 1] at the run's image side (or options["img_size"]): DDIM in the model's space,
+    then, for a latent run, decoded by the run's VAE. options: img_size, progress (a wrapper of the steps)."""
+    codec = LatentCodec(info["vae"]).to(labels.device) if info.get("vae") else None
+    size = options.get("img_size") or info.get("pixel_size", info["image_size"])
+    side = codec.latent_size(size) if codec is not None else size
+    shape = (info["channels"], side, side)
+    images = ddim_sample(model, labels, shape, steps, guidance, generator, options.get("progress"))
+    if codec is not None:
+        images = codec.decode(images)
+    return ((images.clamp(-1, 1) + 1) / 2).cpu()
+
+
 def class_list(text: str, num_classes: int) -> list[int]:
     """ "0,1,2" -> [0, 1, 2], each checked against the run's classes."""
     try:
@@ -59,11 +73,11 @@ def run_generate_sample(args) -> torch.Tensor:
     model.to(device)
     classes = class_list(args.classes, info["num_classes"]) if args.classes else list(range(info["num_classes"]))
     labels = torch.tensor([classes[i % len(classes)] for i in range(args.num)], device=device)
-    size = args.img_size or info["image_size"]
     generator = torch.Generator(device=device).manual_seed(args.seed)
     bar = (lambda steps: tqdm(steps, desc="sampling", unit="step")) if args.progress else None
-    images = ddim_sample(model, labels, (info["channels"], size, size), args.steps, args.guidance, generator, bar)
-    images = ((images.clamp(-1, 1) + 1) / 2).cpu()
+    images = sample_images(
+        model, info, labels, args.steps, args.guidance, generator, img_size=args.img_size, progress=bar
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_image(images, out, nrow=max(1, min(len(classes), args.num)) if len(classes) > 1 else 8, padding=1)

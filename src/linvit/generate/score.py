@@ -21,8 +21,7 @@ from tqdm import tqdm
 from ..data.digit_tasks import digits_split, is_digits_spec
 from ..distributed import resolve_device
 from ..errors import UsageError
-from .diffusion import ddim_sample
-from .sample import load_generator
+from .sample import load_generator, sample_images
 
 
 def load_classifier(run: str | Path) -> torch.nn.Module:
@@ -89,11 +88,10 @@ def run_generate_score(args) -> dict:
     classes = info["num_classes"]
     labels = torch.arange(args.num, device=device) % classes
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    shape = (info["channels"], info["image_size"], info["image_size"])
     samples, start_time = [], time.perf_counter()
     for start in tqdm(range(0, args.num, args.batch_size), desc="sampling", unit="batch", disable=not args.progress):
-        chunk = ddim_sample(generator, labels[start : start + args.batch_size], shape, args.steps, args.guidance, gen)
-        samples.append(((chunk.clamp(-1, 1) + 1) / 2).cpu())
+        chunk = labels[start : start + args.batch_size]
+        samples.append(sample_images(generator, info, chunk, args.steps, args.guidance, gen))
     sampling_seconds = time.perf_counter() - start_time
     logits, fake = classifier_outputs(classifier, torch.cat(samples))
     val_images, val_labels = real_images(info["data"], "val", args.num)
