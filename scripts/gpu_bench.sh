@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU tables of docs/benchmarks.md (CUDA, bf16; raw records in docs/bench/gpu_h200/gpu_*/):
-#   bash scripts/gpu_bench.sh                  # both tables: 80 points, 40 of them compiled
-#   bash scripts/gpu_bench.sh gpu_family4l     # one table (48 points), or gpu_weightformer (32 points)
+#   bash scripts/gpu_bench.sh                  # every table: 116 points, 58 of them compiled
+#   bash scripts/gpu_bench.sh gpu_family4l     # one table (48 points), gpu_weightformer (32) or gpu_generate (36)
 #   bash scripts/gpu_bench.sh --dry-run        # every point at 32 px on the CPU: checks the plan anywhere
 # Each point is a fresh process (~10 s to start on a GPU machine) and each compiled point compiles
-# (~10-30 s), so both tables take longer than one 10-minute call: run them as two calls there.
+# (~10-30 s), so the tables take longer than one 10-minute call: run them one per call there.
 # Extra arguments go to `linvit bench` (e.g. --compile off to skip the compiled points).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -468,7 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="latent diffusion: a diffusers AutoencoderKL folder on disk (save_pretrained); default pixel space",
     )
     t.add_argument("--epochs", type=POSITIVE, default=30)
-    t.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (per-iteration cosine schedule)")
+    t.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="AdamW learning rate, per-iteration cosine schedule (default: 1e-3 for tiny, DiT's 1e-4 for S and up)",
+    )
     t.add_argument("--weight-decay", type=float, default=0.0)
     t.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
     t.add_argument("--clip-grad", type=float, default=1.0)

@@ -245,3 +245,22 @@ def test_latent_diffusion_trains_on_the_vaes_latents_and_samples_pictures(tmp_pa
     assert np.load(out.with_suffix(".npz"))["images"].shape == (2, 3, 48, 48)
     assert cli_main([*argv[:-1], "--no-progress", "--vae", str(tmp_path)]) == 2
     assert "not a folder written by diffusers' AutoencoderKL.save_pretrained" in capsys.readouterr().err
+
+
+def test_ddim_clips_its_clean_image_estimate_to_the_pixel_range_only_when_asked():
+    """clip=True (pixels): the last DDIM step returns the clipped x_0 estimate, so samples lie in [-1, 1] even
+    for a noise prediction far off; clip=False (latents) keeps the unclipped values."""
+    from types import SimpleNamespace
+
+    from linvit.generate.diffusion import ddim_sample
+
+    class WildNoise(torch.nn.Module):
+        y_embedder = SimpleNamespace(num_classes=10)
+
+        def forward_with_cfg(self, x, t, y, scale):
+            return 5 * torch.ones_like(x)
+
+    labels = torch.arange(4)
+    clipped = ddim_sample(WildNoise(), labels, (1, 8, 8), steps=5, generator=torch.Generator().manual_seed(0))
+    free = ddim_sample(WildNoise(), labels, (1, 8, 8), steps=5, generator=torch.Generator().manual_seed(0), clip=False)
+    assert clipped.abs().max() <= 1 + 1e-6 and free.abs().max() > 2

@@ -77,6 +77,7 @@ def _suite_plan(args, name: str) -> dict:
         res, batches, iters, warmup, min_time, device = [32], batches[:1], 1, 1, 0.0, args.device
     common = _common(
         args,
+        mode=suite.get("mode", args.mode),
         device=device,
         dtype=dtype,
         warmup=warmup,

@@ -8,6 +8,7 @@ the ``gpu_*`` ones (bf16 on CUDA, batch 1 and 32, eager and CUDA-graph compiled;
 from __future__ import annotations
 
 from ..errors import UsageError
+from ..models.dit import MIXERS as DIT_MIXERS
 
 FOUR_LAYER = [
     "vit_4l_patch16_224",
@@ -121,6 +122,27 @@ SUITES: dict[str, dict] = {
         warmup=2,
         reference=["deit_tiny_patch16_224"],
     ),
+    # issue 26: DiT-S/2 on 4-channel latents of 16, 32, 64 (128-512 px images through an 8x VAE), one guided
+    # sampling step (the network on 2 x batch) and one DDPM training step, per mixer
+    "generate": dict(
+        models=list(DIT_MIXERS),
+        res=[16, 32, 64],
+        iters=3,
+        warmup=1,
+        task="generate",
+        timeout=600,
+        reference=["softmax"],
+    ),
+    "generate_train": dict(
+        models=list(DIT_MIXERS),
+        res=[16, 32, 64],
+        iters=3,
+        warmup=1,
+        task="generate",
+        mode="train",
+        timeout=600,
+        reference=["softmax"],
+    ),
     # GPU (scripts/gpu_bench.sh): bf16, batch 1 (latency) and 32 (throughput), eager and CUDA graphs
     "gpu_family4l": dict(
         models=["linear_infvit_4l_patch16_224", "vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
@@ -132,6 +154,13 @@ SUITES: dict[str, dict] = {
         models=["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"],
         res=[224, 512, 1024, 1248],
         reference=["deit_tiny_patch16_224"],
+        **GPU_SETTINGS,
+    ),
+    "gpu_generate": dict(
+        models=["softmax", "linear", "weightformer"],
+        res=[32, 64, 128],  # DiT-S/2 latents: 256 to 4,096 tokens (256 to 1024 px images)
+        task="generate",
+        reference=["softmax"],
         **GPU_SETTINGS,
     ),
 }

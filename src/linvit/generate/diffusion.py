@@ -46,13 +46,16 @@ def ddim_sample(
     guidance: float = 2.0,
     generator: torch.Generator | None = None,
     progress=None,
+    clip: bool = True,
 ) -> torch.Tensor:
     """Images for labels (B,) of shape (C, H, W), in the model's value range, by DDIM (eta 0) with guidance.
 
     Each step runs the conditional and the "no class" halves as one batch (DiT.forward_with_cfg); guidance 1
-    is the conditional model alone.
+    is the conditional model alone. clip: each step's estimate of x_0 is clipped to [-1, 1], the range of
+    pixel data (as in DDPM and improved DDPM); without it the first steps of the cosine schedule, where
+    alpha_bar is near 0, blow a small noise error up into x_0 (patchy samples); latents are not clipped.
     """
-    scheduler = _diffusers().DDIMScheduler.from_config(noise_schedule().config)
+    scheduler = _diffusers().DDIMScheduler.from_config(noise_schedule().config, clip_sample=clip)
     scheduler.set_timesteps(steps)
     device = labels.device
     x = torch.randn((labels.shape[0], *shape), generator=generator, device=device)

@@ -88,7 +88,14 @@ def validation_loss(model, loader, schedule, device, seed: int, codec: LatentCod
     return total / max(count, 1)
 
 
+# DiT trained S-XL at 1e-4; the tiny CPU model learns much faster at 1e-3 (val loss 0.065 vs 0.085 after 20
+# epochs on the digits, softmax mixer, seed 0)
+DEFAULT_LR = {"tiny": 1e-3, "S": 1e-4, "B": 1e-4, "L": 1e-4, "XL": 1e-4}
+
+
 def run_generate_train(args) -> list[dict]:
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.size]
     rank, world, device = init_distributed(args.device)
     try:
         return _train(args, rank, world, device)
