@@ -1,7 +1,7 @@
 """Issue 26's results: every DiT mixer trained with one recipe on the embedded digits, with seeds, scored offline.
 
-    python scripts/generate_results.py --out runs/generate-results          # train, sample, score (resumable)
-    python scripts/generate_results.py --out runs/generate-results --publish docs
+    python scripts/generate_results.py                  # train, sample, score into runs/generate-results (resumable)
+    python scripts/generate_results.py --publish docs   # ... and write docs/generate/ and docs/results.md's table
 
 Every step is a `linvit` command run as a stage of `linvit reproduce` (printed, resumable: a finished stage
 is reused, an interrupted training continues from its last.pth). The stages: a softmax classifier on the
@@ -145,8 +145,8 @@ def samples_figure(out: Path, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/generate-results")
-    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
+    parser.add_argument("--epochs", type=int, default=80)
     parser.add_argument("--publish", default=None, help="docs folder to write results.json, figure and table into")
     args = parser.parse_args()
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]

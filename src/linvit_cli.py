@@ -478,6 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
     t.add_argument("--clip-grad", type=float, default=1.0)
     t.add_argument("--class-dropout", type=float, default=0.1, help="label dropout for classifier-free guidance")
+    t.add_argument(
+        "--prediction",
+        choices=("epsilon", "v_prediction"),
+        default="epsilon",
+        help="what the DiT predicts: the noise (DiT's) or v = sqrt(a) eps - sqrt(1-a) x0",
+    )
     t.add_argument("--ema-decay", type=float, default=0.999)
     t.add_argument("--val-images", type=POSITIVE, default=500, help="validation images for the per-epoch val_loss")
     t.add_argument("--seed", type=int, default=0)

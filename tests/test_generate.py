@@ -121,6 +121,17 @@ def test_the_loss_noises_with_diffusers_schedule():
     loss = ddpm_loss(model, x0, torch.zeros(4, dtype=torch.long), schedule, torch.Generator().manual_seed(0))
     assert float(loss) < 1e-8 and seen["t"].min() >= 0 and seen["t"].max() < 1000
 
+    v_schedule = noise_schedule("v_prediction")
+
+    def v_model(noisy, t, labels):  # a perfect v predictor: v = sqrt(a) eps - sqrt(1 - a) x0 (Salimans & Ho)
+        a = v_schedule.alphas_cumprod[t].view(-1, 1, 1, 1)
+        eps = (noisy - a.sqrt() * x0) / (1 - a).sqrt()
+        return a.sqrt() * eps - (1 - a).sqrt() * x0
+
+    labels = torch.zeros(4, dtype=torch.long)
+    assert float(ddpm_loss(v_model, x0, labels, v_schedule, torch.Generator().manual_seed(0))) < 1e-8
+    assert float(ddpm_loss(model, x0, labels, v_schedule, torch.Generator().manual_seed(0))) > 0.1  # eps is not v
+
 
 def test_frechet_distance_matches_the_closed_form():
     from linvit.generate.score import frechet_distance
@@ -231,10 +242,12 @@ def test_latent_diffusion_trains_on_the_vaes_latents_and_samples_pictures(tmp_pa
     _tiny_vae(tmp_path / "vae")
     run = tmp_path / "run"
     argv = ["generate", "train", "--data", DATA, "--output", str(run), "--vae", str(tmp_path / "vae"), "--epochs", "1"]
-    argv += ["--batch-size", "32", "--workers", "0", "--val-images", "32", "--no-progress"]
+    argv += ["--batch-size", "32", "--workers", "0", "--val-images", "32", "--prediction", "v_prediction"]
+    argv += ["--no-progress"]
     assert cli_main(argv) == 0
     info = json.loads((run / "config.json").read_text())["linvit"]
     assert (info["channels"], info["image_size"], info["pixel_size"]) == (4, 16, 32)  # the DiT sees 4 x 16 x 16
+    assert info["prediction"] == "v_prediction"  # recorded: sample_images reads the objective from the run
     assert np.isfinite(_metrics(run)[-1]["val_loss"])
     out = tmp_path / "grid.png"
     sample = ["generate", "sample", "--checkpoint", str(run), "--classes", "1,2", "--num", "2", "--steps", "3"]

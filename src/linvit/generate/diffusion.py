@@ -23,18 +23,25 @@ def _diffusers():
     return diffusers
 
 
-def noise_schedule():
-    """The training scheduler: q(x_t | x_0) for t in [0, TRAIN_STEPS)."""
-    return _diffusers().DDPMScheduler(num_train_timesteps=TRAIN_STEPS, beta_schedule=SCHEDULE, clip_sample=False)
+PREDICTIONS = ("epsilon", "v_prediction")  # what the network predicts: the noise (DDPM, DiT) or v (Salimans & Ho)
+
+
+def noise_schedule(prediction: str = "epsilon"):
+    """The training scheduler: q(x_t | x_0) for t in [0, TRAIN_STEPS), and what the network's output means."""
+    return _diffusers().DDPMScheduler(
+        num_train_timesteps=TRAIN_STEPS, beta_schedule=SCHEDULE, clip_sample=False, prediction_type=prediction
+    )
 
 
 def ddpm_loss(model, x0: torch.Tensor, labels: torch.Tensor, schedule, generator: torch.Generator | None = None):
-    """L_simple: E_t,eps || eps - eps_theta(x_t, t, y) ||^2 with t uniform and x_t = sqrt(a_t) x0 + sqrt(1-a_t) eps."""
+    """L_simple: E_t,eps || target - f_theta(x_t, t, y) ||^2 with t uniform, x_t = sqrt(a_t) x0 + sqrt(1-a_t) eps
+    and target eps, or v = sqrt(a_t) eps - sqrt(1-a_t) x0 (the schedule's prediction type)."""
     t = torch.randint(0, TRAIN_STEPS, (x0.shape[0],), device=x0.device, generator=generator)
     noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)
     noisy = schedule.add_noise(x0, noise, t)
+    target = noise if schedule.config.prediction_type == "epsilon" else schedule.get_velocity(x0, noise, t)
     predicted = model(noisy, t, labels)[:, : x0.shape[1]]  # with learn_sigma the variance half is not trained here
-    return F.mse_loss(predicted.float(), noise.float())
+    return F.mse_loss(predicted.float(), target.float())
 
 
 @torch.no_grad()
@@ -47,6 +54,7 @@ def ddim_sample(
     generator: torch.Generator | None = None,
     progress=None,
     clip: bool = True,
+    prediction: str = "epsilon",
 ) -> torch.Tensor:
     """Images for labels (B,) of shape (C, H, W), in the model's value range, by DDIM (eta 0) with guidance.
 
@@ -55,7 +63,7 @@ def ddim_sample(
     pixel data (as in DDPM and improved DDPM); without it the first steps of the cosine schedule, where
     alpha_bar is near 0, blow a small noise error up into x_0 (patchy samples); latents are not clipped.
     """
-    scheduler = _diffusers().DDIMScheduler.from_config(noise_schedule().config, clip_sample=clip)
+    scheduler = _diffusers().DDIMScheduler.from_config(noise_schedule(prediction).config, clip_sample=clip)
     scheduler.set_timesteps(steps)
     device = labels.device
     x = torch.randn((labels.shape[0], *shape), generator=generator, device=device)

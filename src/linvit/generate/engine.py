@@ -126,7 +126,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, ema, scaler, rank)
     net = wrap_ddp(model, world, device)
-    schedule = noise_schedule()
+    schedule = noise_schedule(args.prediction)
     run_info = {
         "task": "generation",
         "command": "generate train",
@@ -140,6 +140,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
         "pixel_size": train_set.size,
         "num_classes": len(train_set.classes),
         "class_dropout": args.class_dropout,
+        "prediction": args.prediction,
         "weights": "ema",
         "data": str(args.data),
         "world_size": world,

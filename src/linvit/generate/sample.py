@@ -47,7 +47,11 @@ def sample_images(model, info: dict, labels: torch.Tensor, steps: int, guidance:
     size = options.get("img_size") or info.get("pixel_size", info["image_size"])
     side = codec.latent_size(size) if codec is not None else size
     shape = (info["channels"], side, side)
-    images = ddim_sample(model, labels, shape, steps, guidance, generator, options.get("progress"), clip=codec is None)
+    prediction = info.get("prediction", "epsilon")
+    progress = options.get("progress")
+    images = ddim_sample(
+        model, labels, shape, steps, guidance, generator, progress, clip=codec is None, prediction=prediction
+    )
     if codec is not None:
         images = codec.decode(images)
     return ((images.clamp(-1, 1) + 1) / 2).cpu()
