@@ -105,6 +105,19 @@ def test_all_negative_logits_give_zero_not_nan(op):
     assert torch.isfinite(out).all() and out.abs().max() == 0
 
 
+@pytest.mark.parametrize("impl", ["dense", "chunked"])
+def test_a_masked_query_with_only_zero_rows_keeps_every_gradient_finite(impl):
+    """Causal mask, first query's only logit <= 0: its norm is 0, where sqrt's gradient is infinite; the
+    backward must stay finite (it was NaN everywhere) and the forward unchanged elsewhere."""
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 6, 4))
+    with torch.no_grad():
+        k[:, :, 0] = -q[:, :, 0].sign() * q[:, :, 0].abs().clamp(min=0.1)  # q_0 . k_0 < 0 in every head
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    out = pure_infsa(q, k, v, torch.tensor([0.5, 0.9]), impl=impl, block_size=2, attn_mask=causal)
+    out.square().sum().backward()
+    assert out[:, :, 0].abs().max() == 0 and all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
 @pytest.mark.parametrize("op", [pure_infsa, linear_infsa], ids=["pure", "linear"])
 def test_per_head_gamma_equals_per_head_float(op):
     q, k, v = _qkv(2, 3, 17, 8)

@@ -19,6 +19,7 @@ from timm.layers import trunc_normal_
 from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
+from .language import convert_language_model, interface_attention_modules
 from .timm_model import mark_converted
 
 LAYERS = {"pure_infsa": PureInfSAAttention, "linear_infsa": LinearInfSAAttention, "katz_infsa": KatzInfSAAttention}
@@ -155,7 +156,9 @@ def convert(
 
     Args:
         model: any nn.Module holding timm ``Attention``, ``torch.nn.MultiheadAttention`` or Hugging Face
-            ViT / DeiT / DINOv2 attention modules.
+            ViT / DeiT / DINOv2 attention modules; or a transformers language model (GPT-2, Llama, Qwen3,
+            BERT, ...), which selects pure InfSA through transformers' attention interface
+            (linvit.conversion.language; Linear- and Katz-InfSA refuse causal models).
         variant: "linear_infsa" (O(N), the paper's Linear-InfSA), "pure_infsa" (one normalised hop, honours
             masks) or "katz_infsa" (linvit's exact infinite-hop series in O(N)).
         gamma_init: initial discount of every head, in (0, 1); it trains (gamma = sigmoid(theta)).
@@ -185,6 +188,11 @@ def convert(
         adapters = {t: adapter_for(t, adapters) for t in wanted}
 
     report = ConversionReport(variant, gamma_init, include, exclude)
+    language = _language_model_layers(model, adapters, include, exclude, report)
+    if language:
+        model = convert_language_model(model, variant, gamma_init, language, report)
+        model.linvit_conversion = report
+        return model
     plan: list[tuple[str, nn.Module]] = []
     inside: list[str] = []  # prefixes of modules already handled: their children are not attention layers
     for name, module in model.named_modules():
@@ -227,6 +235,24 @@ def convert(
     mark_converted(model, variant, gamma_init, include, exclude)  # timm models save and reload as infsa_converted
     model.linvit_conversion = report
     return model
+
+
+def _language_model_layers(model, adapters, include, exclude, report) -> list[tuple[str, nn.Module]]:
+    """A transformers model whose attention calls the attention interface (and holds no layer an adapter
+    replaces): its selected attention layers, the skipped ones added to the report; [] for any other model."""
+    modules = interface_attention_modules(model)
+    if not modules or any(adapter_for(type(m), adapters) is not None for m in model.modules()):
+        return []
+    selected = []
+    for name, module in modules:
+        reason = _selected(name, include, exclude)
+        if reason:
+            report.skipped.append(SkippedModule(name, _qualname(module), reason))
+        else:
+            selected.append((name, module))
+    if not selected:
+        raise UsageError(f"no attention layer to convert in {type(model).__name__}:\n{report}")
+    return selected
 
 
 def _disable_fused_encoders(model: nn.Module) -> None:

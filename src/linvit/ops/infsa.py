@@ -82,7 +82,10 @@ def masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     the prefix graph, and with a padding mask that of the valid tokens, so the removed tokens never reach
     the kept ones, not even through the normalisation (linvit's reading, docs/spec/infsa.md section 2).
     """
-    return (mask.to(row_sq.dtype) @ row_sq[..., None]).squeeze(-1).sqrt()
+    squares = (mask.to(row_sq.dtype) @ row_sq[..., None]).squeeze(-1)
+    # a query that sees only all-zero rows (every logit <= 0) has norm 0, where sqrt's gradient is infinite
+    # and would make the whole backward NaN; below the smallest normal number the value is clamped instead
+    return squares.clamp_min(torch.finfo(squares.dtype).tiny).sqrt()
 
 
 def _check_mask(attn_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:

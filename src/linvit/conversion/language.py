@@ -1,0 +1,166 @@
+"""Pure InfSA in Hugging Face language models, through transformers' own attention interface.
+
+`linvit.convert(model, "pure_infsa")` on a transformers model whose attention layers call
+ALL_ATTENTION_FUNCTIONS (GPT-2, Llama, Qwen3, Mistral, BERT, ...) registers one attention function and
+selects it for that model, so rotary embeddings, grouped-query heads, the masks and the KV cache stay the
+library's. Each attention layer gets one trainable discount per head (gamma = sigmoid(infsa_theta)).
+
+The one thing the interface cannot carry is pure InfSA's per-query normaliser under a mask: query i is
+normalised over the squared score rows of the queries it sees (linvit.ops.infsa.masked_row_norms), so an
+incremental step needs the row norms of every earlier query, which no key/value cache holds. linvit keeps
+them beside the cache (one float32 per position, head and layer, attached to the Cache object by a pre-hook
+that sees the cache the layer is called with), checks before every step that the cache has not been cropped,
+reordered (beam search) or filled by another model, and refuses with a one-line error when it has.
+Linear- and Katz-InfSA pool every token into one summary, which has no causal form: they refuse causal models.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from ..errors import UsageError
+from ..ops.common import accumulation_dtype
+from ..ops.infsa import masked_row_norms
+
+ATTENTION_NAME = "linvit_pure_infsa"
+EPS = 1e-6
+CAUSAL_REFUSAL = (
+    "{variant} pools every token into one summary, which has no causal form here: a causal language model "
+    "would see future tokens. Use variant='pure_infsa' (exact causal and padding masks, KV-cache decoding)"
+)
+
+
+def interface_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The (name, module) pairs of a transformers model's attention layers that call the attention interface."""
+    found = []
+    for name, module in model.named_modules():
+        cls = type(module)
+        if cls.__module__.startswith("transformers.models.") and all(
+            hasattr(module, a) for a in ("config", "is_causal", "layer_idx")
+        ):
+            found.append((name, module))
+    return found
+
+
+def is_causal_model(model: nn.Module, modules: list[tuple[str, nn.Module]]) -> bool:
+    return bool(getattr(model.config, "is_decoder", False)) or any(m.is_causal for _, m in modules)
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    def boolean_mask(*args, **kwargs):
+        """transformers' boolean masks (True = keep), never skipped: InfSA has no is_causal shortcut."""
+        kwargs["allow_is_causal_skip"] = False
+        kwargs["allow_is_bidirectional_skip"] = False
+        return sdpa_mask(*args, **kwargs)
+
+    AttentionInterface.register(ATTENTION_NAME, pure_infsa_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, boolean_mask)
+
+
+def convert_language_model(model: nn.Module, variant: str, gamma_init: float, modules, report) -> nn.Module:
+    """Select pure InfSA for every interface attention layer of a transformers model (see the module doc)."""
+    if variant != "pure_infsa" and is_causal_model(model, modules):
+        raise UsageError(CAUSAL_REFUSAL.format(variant=variant))
+    if variant != "pure_infsa":
+        raise UsageError(f"{variant} is not wired into transformers' attention interface; use variant='pure_infsa'")
+    _register()
+    theta = math.log(gamma_init / (1.0 - gamma_init))
+    for name, module in modules:
+        heads = int(module.config.num_attention_heads)
+        if not hasattr(module, "infsa_theta"):
+            weight = next(module.parameters())
+            module.infsa_theta = nn.Parameter(torch.full((heads,), theta, dtype=weight.dtype, device=weight.device))
+            module.register_forward_pre_hook(_remember_cache, with_kwargs=True)
+            module.register_forward_hook(_forget_cache)
+        report.converted.append(_converted(name, module, heads))
+    model.set_attn_implementation(ATTENTION_NAME)
+    return model
+
+
+def _converted(name: str, module: nn.Module, heads: int):
+    from .core import ConvertedModule
+
+    source = f"{type(module).__module__}.{type(module).__qualname__}"
+    return ConvertedModule(name, source, heads, int(module.config.hidden_size))
+
+
+def _remember_cache(module: nn.Module, args, kwargs) -> None:
+    """The cache this call of the layer updates (the interface passes it no further), for the row-norm state."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    self_attention = getattr(cache, "self_attention_cache", None)  # encoder-decoder caches
+    module._linvit_cache = self_attention if self_attention is not None else cache
+
+
+def _forget_cache(module: nn.Module, args, output) -> None:
+    module._linvit_cache = None  # the state lives on the cache; the layer keeps no reference to it
+
+
+def _repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query attention: each key/value head serves heads / kv_heads query heads."""
+    if t.shape[1] == heads:
+        return t
+    return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _keep_mask(attention_mask: torch.Tensor | None, module, q_len: int, kv_len: int, device) -> torch.Tensor | None:
+    """A boolean (B|1, 1|H, q, T) keep-mask; None means every query sees every key."""
+    if attention_mask is None:
+        if not module.is_causal or q_len == 1:
+            return None
+        rows = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]  # queries are the last q positions
+        return (torch.arange(kv_len, device=device)[None, :] <= rows)[None, None]
+    if attention_mask.dtype != torch.bool:  # an additive float mask: 0 keeps, a large negative removes
+        return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    return attention_mask
+
+
+def pure_infsa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function: gamma * ReLU(q k^T / d) v / norm, with norm_i the Frobenius norm of the
+    score rows query i sees (the whole matrix without a mask). Returns (output (B, q, H, D), None)."""
+    heads, q_len, kv_len = query.shape[1], query.shape[2], key.shape[2]
+    key, value = _repeat_heads(key, heads), _repeat_heads(value, heads)
+    d = query.shape[-1]
+    scores = torch.relu(query @ key.transpose(-2, -1) / d)  # InfSA's q k^T / d (the spec), not softmax's scaling
+    mask = _keep_mask(attention_mask, module, q_len, kv_len, query.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, 0.0)
+    acc = accumulation_dtype(scores)
+    row_sq = scores.to(acc).square().sum(-1)  # (B, H, q): float32 accumulation for half inputs
+    rows = _all_rows(module, row_sq, key, kv_len)
+    if mask is None:
+        everything = torch.ones(1, 1, q_len, kv_len, dtype=torch.bool, device=query.device)
+        norm = masked_row_norms(rows, everything)[..., None]  # the whole matrix's Frobenius norm
+    else:
+        norm = masked_row_norms(rows, torch.broadcast_to(mask, scores.shape))[..., None]
+    gamma = torch.sigmoid(module.infsa_theta.to(acc)).view(1, heads, 1, 1)
+    scale = (gamma / (norm + EPS)).to(value.dtype)
+    probs = nn.functional.dropout(scores, dropout, training=module.training and dropout > 0)
+    return ((probs @ value) * scale).transpose(1, 2).contiguous(), None
+
+
+def _all_rows(module, row_sq: torch.Tensor, key: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """The squared score rows of every position 0..T-1: the earlier ones from the cache's state, then these."""
+    cache = getattr(module, "_linvit_cache", None)
+    q_len = row_sq.shape[-1]
+    if cache is None:
+        if kv_len != q_len:
+            raise UsageError("pure InfSA got cached keys but no cache object to keep its row norms with")
+        return row_sq
+    states = cache.__dict__.setdefault("_linvit_row_sq", {})
+    earlier, last_key = states.get(module.layer_idx, (row_sq[..., :0], None))
+    if earlier.shape[-1] != kv_len - q_len or earlier.shape[0] != row_sq.shape[0]:
+        raise UsageError(
+            f"pure InfSA's normaliser state holds {earlier.shape[-1]} positions but the cache {kv_len - q_len}: "
+            "the cache was cropped, is static or sliding, or was filled by another model (use a DynamicCache)"
+        )
+    if last_key is not None and not torch.equal(key[:, :, kv_len - q_len - 1], last_key):
+        raise UsageError("the KV cache was reordered (beam search?): pure InfSA's row norms cannot follow it")
+    rows = torch.cat([earlier, row_sq.detach() if not torch.is_grad_enabled() else row_sq], dim=-1)
+    states[module.layer_idx] = (rows.detach(), key[:, :, -1].detach())
+    return rows

@@ -1,0 +1,197 @@
+"""Pure InfSA in Hugging Face language models (issue 25 part 1), on tiny random models built from transformers'
+config classes (nothing is downloaded): the attention function equals linvit's masked op, no future token
+leaks, padding equals no padding, cached decoding equals recomputation, the discounts train."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import linvit  # noqa: E402
+from linvit.conversion.language import pure_infsa_attention  # noqa: E402
+from linvit.ops import pure_infsa  # noqa: E402
+
+VOCAB = 61
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _llama():
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query heads
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _qwen3():
+    cfg = transformers.Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=64,
+    )
+    return transformers.Qwen3ForCausalLM(cfg)
+
+
+FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen3": _qwen3}
+
+
+def _converted(family: str):
+    torch.manual_seed(0)
+    model = FAMILIES[family]().eval()
+    model.generation_config.pad_token_id = 0
+    return linvit.convert(model, "pure_infsa", gamma_init=0.8)
+
+
+class _Layer(torch.nn.Module):
+    is_causal, layer_idx = True, 0
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.infsa_theta = torch.nn.Parameter(torch.linspace(-1.0, 2.0, heads, dtype=torch.float64))
+
+
+def test_the_attention_function_is_linvits_masked_pure_infsa_in_float64():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 8, dtype=torch.float64) for _ in range(3))
+    layer = _Layer(3)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    padded = causal & torch.tensor([[True] * 9, [False, False] + [True] * 7])[:, None, None, :]
+    for mask in (None, causal[None, None], padded):
+        out, _ = pure_infsa_attention(layer, q, k, v, mask)
+        gamma = torch.sigmoid(layer.infsa_theta)
+        expected = pure_infsa(q, k, v, gamma, attn_mask=causal[None, None] if mask is None else mask)
+        torch.testing.assert_close(out.transpose(1, 2), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_conversion_reports_every_attention_layer(family):
+    model = _converted(family)
+    report = linvit.convert_report(model)
+    layers = model.config.num_hidden_layers
+    assert len(report.converted) == layers and not report.skipped
+    assert all(c.heads == 4 and c.width == 32 for c in report.converted)
+    assert model.config._attn_implementation == "linvit_pure_infsa"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_no_future_token_reaches_an_earlier_output(family):
+    model = _converted(family)
+    ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
+    later = ids.clone()
+    later[:, 6:] = (later[:, 6:] + 7) % VOCAB
+    with torch.no_grad():
+        a, b = model(ids).logits, model(later).logits
+    assert torch.equal(a[:, :6], b[:, :6])  # bit-identical up to the change
+    assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-3  # and the change does reach the later outputs
+
+
+def _left_padded(lengths: list[int], total: int, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(len(lengths), total, dtype=torch.long)
+    mask = torch.zeros(len(lengths), total, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, total - n :] = torch.randint(1, VOCAB, (n,), generator=gen)
+        mask[row, total - n :] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_left_padded_batch_gives_each_sequence_its_unpadded_outputs(family):
+    model = _converted(family)
+    ids, mask = _left_padded([9, 5], 9)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        batch = model(ids, attention_mask=mask, position_ids=positions).logits
+        for row, n in enumerate([9, 5]):
+            alone = model(ids[row : row + 1, 9 - n :]).logits[0]
+            torch.testing.assert_close(batch[row, 9 - n :], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampling"])
+def test_cached_decoding_equals_recomputing_the_prefix(family, sample):
+    """generate() with the KV cache (and linvit's row-norm state) on a left-padded batch: each step's logits
+    equal a full forward of the same prefix without a cache, within 1e-5."""
+    model = _converted(family)
+    ids, mask = _left_padded([8, 4], 8)
+    torch.manual_seed(3)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=6,
+        do_sample=sample,
+        top_k=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape == (2, 14)
+    for step, logits in enumerate(out.logits):
+        prefix = out.sequences[:, : 8 + step]
+        prefix_mask = torch.cat([mask, torch.ones(2, step, dtype=torch.long)], dim=1)
+        positions = (prefix_mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            full = model(prefix, attention_mask=prefix_mask, position_ids=positions, use_cache=False).logits[:, -1]
+        torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_gradients_reach_every_layers_discounts(family):
+    model = _converted(family).train()
+    ids = torch.randint(1, VOCAB, (2, 8), generator=torch.Generator().manual_seed(4))
+    model(ids, labels=ids).loss.backward()
+    thetas = [m.infsa_theta for m in model.modules() if hasattr(m, "infsa_theta")]
+    assert len(thetas) == model.config.num_hidden_layers
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in thetas)
+    assert torch.allclose(torch.sigmoid(thetas[0].detach()), torch.tensor(0.8))  # gamma_init
+
+
+@pytest.mark.parametrize("variant", ["linear_infsa", "katz_infsa"])
+def test_pooled_variants_refuse_a_causal_model_saying_why(variant):
+    with pytest.raises(ValueError, match=f"{variant} pools every token into one summary, which has no causal form"):
+        linvit.convert(_llama(), variant)
+
+
+def test_a_reordered_cache_is_refused_not_followed():
+    model = _converted("llama")
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        cache.reorder_cache(torch.tensor([1, 0]))  # what beam search does between steps
+        with pytest.raises(ValueError, match="reordered"):
+            model(ids[:, :1], cache=cache, use_cache=True)
+
+
+def test_an_encoder_hides_padding_from_the_kept_tokens():
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    model = linvit.convert(transformers.BertModel(cfg).eval(), "pure_infsa")
+    ids = torch.randint(1, VOCAB, (1, 7), generator=torch.Generator().manual_seed(6))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0]])
+    other = ids.clone()
+    other[:, 5:] = (other[:, 5:] + 3) % VOCAB
+    with torch.no_grad():
+        a = model(ids, attention_mask=mask).last_hidden_state
+        b = model(other, attention_mask=mask).last_hidden_state
+        alone = model(ids[:, :5]).last_hidden_state
+    assert torch.equal(a[:, :5], b[:, :5])
+    torch.testing.assert_close(a[:, :5], alone, rtol=1e-5, atol=1e-5)
+    assert len(linvit.convert_report(model).converted) == 2
