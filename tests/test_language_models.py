@@ -48,7 +48,21 @@ def _qwen3():
     return transformers.Qwen3ForCausalLM(cfg)
 
 
-FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen3": _qwen3}
+def _mistral():
+    cfg = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=32,  # longer than every sequence here: the same path as full attention
+    )
+    return transformers.MistralForCausalLM(cfg)
+
+
+FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen3": _qwen3, "mistral": _mistral}
 
 
 def _converted(family: str):
@@ -86,6 +100,7 @@ def test_conversion_reports_every_attention_layer(family):
     layers = model.config.num_hidden_layers
     assert len(report.converted) == layers and not report.skipped
     assert all(c.heads == 4 and c.width == 32 for c in report.converted)
+    assert [c.name for c in report.converted] == [n for n, m in model.named_modules() if hasattr(m, "infsa_theta")]
     assert model.config._attn_implementation == "linvit_pure_infsa"
 
 
@@ -195,3 +210,21 @@ def test_an_encoder_hides_padding_from_the_kept_tokens():
     assert torch.equal(a[:, :5], b[:, :5])
     torch.testing.assert_close(a[:, :5], alone, rtol=1e-5, atol=1e-5)
     assert len(linvit.convert_report(model).converted) == 2
+
+
+def test_a_sliding_window_cache_that_drops_keys_is_refused():
+    """A window shorter than the text: the cache forgets keys, so the row-norm state no longer lines up."""
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+    )
+    model = linvit.convert(transformers.MistralForCausalLM(cfg).eval(), "pure_infsa")
+    ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(7))
+    with pytest.raises(ValueError, match="static or sliding"):
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False, pad_token_id=0)
