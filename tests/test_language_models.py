@@ -4,6 +4,8 @@ leaks, padding equals no padding, cached decoding equals recomputation, the disc
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -228,3 +230,24 @@ def test_a_sliding_window_cache_that_drops_keys_is_refused():
     ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(7))
     with pytest.raises(ValueError, match="static or sliding"):
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False, pad_token_id=0)
+
+
+def test_layers_left_out_by_include_keep_softmax_attention():
+    torch.manual_seed(0)
+    source = _llama().eval()
+    model = linvit.convert(copy.deepcopy(source), "pure_infsa", include=r"layers\.1\.")
+    report = linvit.convert_report(model)
+    assert [c.name for c in report.converted] == ["model.layers.1.self_attn"]
+    assert [s.name for s in report.skipped] == ["model.layers.0.self_attn"]
+    ids, mask = _left_padded([7, 4], 7)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        hidden = {}
+        for name, net in (("source", source), ("converted", model)):
+            out = net(ids, attention_mask=mask, position_ids=positions, output_hidden_states=True)
+            hidden[name] = out.hidden_states
+        alone = model(ids[1:, 3:]).logits[0]
+    # layer 0 is the source's softmax layer in both; layer 1 differs; padding stays hidden
+    torch.testing.assert_close(hidden["converted"][1][:, 3:], hidden["source"][1][:, 3:], rtol=1e-5, atol=1e-5)
+    assert (hidden["converted"][2][:, 3:] - hidden["source"][2][:, 3:]).abs().max() > 1e-3
+    torch.testing.assert_close(out.logits[1, 3:], alone, rtol=1e-5, atol=1e-5)

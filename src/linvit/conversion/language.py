@@ -123,6 +123,10 @@ def _keep_mask(attention_mask: torch.Tensor | None, module, q_len: int, kv_len: 
 def pure_infsa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention function: gamma * ReLU(q k^T / d) v / norm, with norm_i the Frobenius norm of the
     score rows query i sees (the whole matrix without a mask). Returns (output (B, q, H, D), None)."""
+    if not hasattr(module, "infsa_theta"):  # a layer include/exclude left out: softmax attention, as before
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     heads, q_len, kv_len = query.shape[1], query.shape[2], key.shape[2]
     key, value = _repeat_heads(key, heads), _repeat_heads(value, heads)
     d = query.shape[-1]
