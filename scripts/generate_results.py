@@ -50,10 +50,12 @@ def plan(out: str, seeds: list[int], epochs: int) -> list[Stage]:
             stages.append(Stage(f"train/{mixer}/s{seed}", argv, [f"{run}/model.safetensors"], 10 * epochs))
             argv = ["generate", "score", "--checkpoint", f"{out}/{run}", "--classifier", f"{out}/classifier"]
             argv += ["--num", "500", "--device", "cpu", "--no-progress", "--json", f"{out}/scores/{mixer}_s{seed}.json"]
-            stages.append(Stage(f"score/{mixer}/s{seed}", argv, [f"scores/{mixer}_s{seed}.json"], 60))
+            inputs = [f"{run}/model.safetensors", "classifier/model.safetensors"]  # retrained: scored again
+            stages.append(Stage(f"score/{mixer}/s{seed}", argv, [f"scores/{mixer}_s{seed}.json"], 60, {}, inputs))
         argv = ["generate", "sample", "--checkpoint", f"{out}/runs/{mixer}/s{seeds[0]}", "--num", "40"]
         argv += ["--device", "cpu", "--no-progress", "--out", f"{out}/grids/{mixer}.png"]
-        stages.append(Stage(f"sample/{mixer}", argv, [f"grids/{mixer}.png"], 10))
+        weights = [f"runs/{mixer}/s{seeds[0]}/model.safetensors"]
+        stages.append(Stage(f"sample/{mixer}", argv, [f"grids/{mixer}.png"], 10, {}, weights))
     return stages
 
 

@@ -55,6 +55,29 @@ def test_a_corrupt_output_or_changed_command_reruns_the_stage(tmp_path):
     assert json.loads((tmp_path / "b.json").read_text()) == {"value": "2-new"}
 
 
+def test_a_stage_whose_input_was_rewritten_runs_again_with_the_same_command(tmp_path):
+    """An evaluation of retrained weights is stale although its command line is the same: the train stage
+    ran again (new epochs), so every stage reading its output must run again too."""
+    train = _stage(tmp_path, "train", "weights-v1")
+    score = Stage(
+        "score", ["write", "--out", str(tmp_path / "score.json"), "s"], ["score.json"], 1.0, inputs=["train.json"]
+    )
+    calls: list = []
+    run_stages(tmp_path, [train, score], _writer(calls))
+    run_stages(tmp_path, [train, score], _writer(calls))
+    assert calls == ["weights-v1", "s"]  # the second run reused both
+    retrained = _stage(tmp_path, "train", "weights-v2")
+    calls.clear()
+    run_stages(tmp_path, [retrained, score], _writer(calls))
+    assert calls == ["weights-v2", "s"]  # the score's command did not change, its input did
+
+
+def test_analysis_stages_name_the_weights_they_read(tmp_path):
+    stages = {s.name: s for s in build_plan(str(tmp_path), "quick", "cpu")}
+    assert stages["eval/digit/softmax/s0/test"].inputs[0] == "runs/digit/softmax/s0/model.safetensors"
+    assert all(s.inputs for name, s in stages.items() if name.split("/")[0] in ("eval", "explain", "spectral", "erf"))
+
+
 def test_a_stage_that_leaves_no_output_fails_loudly(tmp_path):
     with pytest.raises(RuntimeError, match="without writing"):
         run_stages(tmp_path, [_stage(tmp_path, "a", "1")], lambda argv: None)

@@ -119,6 +119,7 @@ class Stage:
     outputs: list[str]
     est_s: float
     info: dict = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)  # files of earlier stages it reads: a change reruns it
 
 
 def model_kwargs(family: str, recipe: Recipe, task: Task) -> list[str]:
@@ -175,13 +176,18 @@ class Planner:
         argv = [command, "--model", FAMILIES[family][0], "--checkpoint", f"{run}/model.safetensors"]
         return argv + ["--data", self.folder(task), *self.common(task), *model_kwargs(family, self.recipe, task)]
 
+    def analysis_inputs(self, task: Task, family: str, seed: int) -> list[str]:
+        """What an analysis stage reads: the run's weights and the task's image folder."""
+        return [f"runs/{run_name(task.name, family, seed)}/model.safetensors", f"data/{task.name}/meta.json"]
+
     def evaluate(self, task: Task, family: str, seed: int, split: str) -> Stage:
         name = f"{run_name(task.name, family, seed)}/{split}"
         argv = self.analysis_argv("eval", task, family, seed)
         argv += ["--split", split, "--workers", "0", "--device", self.device, "--no-progress"]
         argv += ["--json", f"{self.out}/eval/{name}.json"]
         info = {"task": task.name, "family": family, "seed": seed, "split": split}
-        return Stage(f"eval/{name}", argv, [f"eval/{name}.json"], 2 * COST[family], info)
+        inputs = self.analysis_inputs(task, family, seed)
+        return Stage(f"eval/{name}", argv, [f"eval/{name}.json"], 2 * COST[family], info, inputs)
 
     def explain(self, task: Task, family: str, seed: int) -> Stage:
         name = run_name(task.name, family, seed)
@@ -190,7 +196,8 @@ class Planner:
         argv += ["--out", f"{self.out}/explain/{name}"]
         outputs = [f"explain/{name}/metrics.json", f"explain/{name}/maps.npz"]
         info = {"task": task.name, "family": family, "seed": seed}
-        return Stage(f"explain/{name}", argv, outputs, 0.08 * self.recipe.explain_images * COST[family], info)
+        seconds = 0.08 * self.recipe.explain_images * COST[family]
+        return Stage(f"explain/{name}", argv, outputs, seconds, info, self.analysis_inputs(task, family, seed))
 
     def spectral(self, task: Task, family: str, seed: int) -> Stage:
         name = run_name(task.name, family, seed)
@@ -198,14 +205,16 @@ class Planner:
         argv += ["--split", "val", "--limit", str(self.recipe.spectral_images)]
         argv += ["--out", f"{self.out}/spectral/{name}.json"]
         info = {"task": task.name, "family": family, "seed": seed}
-        return Stage(f"spectral/{name}", argv, [f"spectral/{name}.json"], 4, info)
+        inputs = self.analysis_inputs(task, family, seed)
+        return Stage(f"spectral/{name}", argv, [f"spectral/{name}.json"], 4, info, inputs)
 
     def erf(self, task: Task, family: str, seed: int) -> Stage:
         name = run_name(task.name, family, seed)
         argv = self.analysis_argv("erf", task, family, seed)
         argv += ["--split", "val", "--limit", str(self.recipe.erf_images), "--out", f"{self.out}/erf/{name}"]
         info = {"task": task.name, "family": family, "seed": seed}
-        return Stage(f"erf/{name}", argv, [f"erf/{name}/erf.json", f"erf/{name}/erf.npy"], 3, info)
+        outputs = [f"erf/{name}/erf.json", f"erf/{name}/erf.npy"]
+        return Stage(f"erf/{name}", argv, outputs, 3, info, self.analysis_inputs(task, family, seed))
 
     def runs(self, task: Task, seed: int) -> list[Stage]:
         """Train every family on one task and seed, evaluate it, and (first task only) read its maps."""

@@ -1,13 +1,16 @@
 """Run a plan's stages in order, reusing the ones an earlier run finished, with a progress bar and time left.
 
-A stage is reused when its marker (OUT/.stages/<name>.json) says "done" for the very same command and
-every output it must leave exists and parses. A stage that was started with another command (say
+A stage is reused when its marker (OUT/.stages/<name>.json) says "done" for the very same command, every
+output it must leave exists and parses, and every input it reads from an earlier stage (a run's weights) has
+the content it had then (sha256): an evaluation of weights that were retrained since is
+stale, whatever its command line says. A stage that was started with another command (say
 --quick, then the full recipe into the same OUT) is cleared first; an interrupted training stage
 keeps its last.pth and resumes from it (`linvit train --resume auto`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import shutil
@@ -63,7 +66,24 @@ def finished(out: Path, stage: Stage) -> bool:
         record.get("status") == "done"
         and record.get("argv") == stage.argv
         and all(output_ok(out / o) for o in stage.outputs)
+        and (not stage.inputs or record.get("inputs") == input_fingerprints(out, stage))
     )
+
+
+def input_fingerprints(out: Path, stage: Stage) -> dict[str, str | None]:
+    """{input: sha256 of its bytes} of the files a stage reads (None for a missing one): content, not
+    modification times, which a rewrite within one clock tick leaves unchanged."""
+    prints: dict[str, str | None] = {}
+    for name in stage.inputs:
+        try:
+            digest = hashlib.sha256()
+            with open(out / name, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):  # noqa: B023 - f is this iteration's file
+                    digest.update(block)
+            prints[name] = digest.hexdigest()
+        except OSError:
+            prints[name] = None
+    return prints
 
 
 def target(stage: Stage) -> Path | None:
@@ -110,7 +130,7 @@ def recorded_timings(out: Path, stages: list[Stage]) -> dict[str, dict]:
 def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
     """Run (or reuse) every stage via execute(argv); returns {name: {"seconds", "reused", "command"}}."""
     timings: dict[str, dict] = {}
-    reuse = {s.name for s in stages if finished(out, s)}
+    reuse = {s.name for s in stages if finished(out, s)}  # for the time estimate only
     est_done = spent = 0.0
     remaining_est = sum(s.est_s for s in stages if s.name not in reuse)
     bar = tqdm(
@@ -121,7 +141,7 @@ def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
     )
     try:
         for stage in stages:
-            if stage.name in reuse:
+            if finished(out, stage):  # judged at its turn: a stage before it may have rewritten its inputs
                 record = json.loads(_marker(out, stage).read_text())
                 timings[stage.name] = {"seconds": record.get("seconds"), "reused": True, "command": command(stage)}
                 tqdm.write(f"reusing {stage.name} (finished earlier, outputs checked)")
@@ -133,17 +153,18 @@ def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
             tqdm.write(f"== {stage.name}: {command(stage)}")
             _prepare(out, stage)
             _write_marker(out, stage, status="running")
+            inputs = input_fingerprints(out, stage)  # what this run reads, before it reads it
             start = time.perf_counter()
             execute(stage.argv)
             seconds = time.perf_counter() - start
             missing = [o for o in stage.outputs if not output_ok(out / o)]
             if missing:
                 raise RuntimeError(f"stage {stage.name} finished without writing {', '.join(missing)}")
-            _write_marker(out, stage, status="done", seconds=seconds)
+            _write_marker(out, stage, status="done", seconds=seconds, inputs=inputs)
             timings[stage.name] = {"seconds": seconds, "reused": False, "command": command(stage)}
             spent += seconds
             est_done += stage.est_s
-            remaining_est -= stage.est_s
+            remaining_est -= 0 if stage.name in reuse else stage.est_s
             tqdm.write(f"done {stage.name} in {_fmt_seconds(seconds)}")
             bar.update(1)
     finally:
