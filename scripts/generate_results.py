@@ -2,6 +2,7 @@
 
     python scripts/generate_results.py                  # train, sample, score into runs/generate-results (resumable)
     python scripts/generate_results.py --publish docs   # ... and write docs/generate/ and docs/results.md's table
+    python scripts/generate_results.py --report-only --publish docs   # only what has finished so far
 
 Every step is a `linvit` command run as a stage of `linvit reproduce` (printed, resumable: a finished stage
 is reused, an interrupted training continues from its last.pth). The stages: a softmax classifier on the
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from linvit.reproduce.claims import interval
 from linvit.reproduce.plan import Stage
-from linvit.reproduce.stages import run_stages
+from linvit.reproduce.stages import recorded_timings, run_stages
 from linvit.reproduce.stats import mean_interval
 from linvit_cli import run_command
 
@@ -63,8 +64,14 @@ def summarise(out: Path, seeds: list[int], epochs: int) -> dict:
     """Per mixer: class accuracy and Frechet distance over seeds (mean, 95% t-interval), final val loss,
     training seconds per epoch and sampling images per second (as the runs measured them, with whatever else
     ran on the machine: speed comparisons come from `linvit bench --suite generate`), from the runs' JSON."""
-    mixers = {}
+    mixers, missing = {}, []
     for mixer in MIXERS:
+        if (
+            not all((out / f"scores/{mixer}_s{s}.json").is_file() for s in seeds)
+            or not (out / f"grids/{mixer}.png").is_file()
+        ):
+            missing.append(mixer)
+            continue
         scores = [json.loads((out / f"scores/{mixer}_s{s}.json").read_text()) for s in seeds]
         curves = [_metrics(out / f"runs/{mixer}/s{s}") for s in seeds]
         mixers[mixer] = {
@@ -75,7 +82,7 @@ def summarise(out: Path, seeds: list[int], epochs: int) -> dict:
             "sample_images_per_second": mean_interval([r["samples"] / r["sampling_seconds"] for r in scores]),
         }
     reference = ("samples", "steps", "guidance", "real_class_accuracy", "real_frechet_distance")
-    first = json.loads((out / f"scores/{MIXERS[0]}_s{seeds[0]}.json").read_text())
+    first = json.loads((out / f"scores/{next(iter(mixers))}_s{seeds[0]}.json").read_text())
     return {
         "data": DATA,
         "seeds": seeds,
@@ -83,6 +90,7 @@ def summarise(out: Path, seeds: list[int], epochs: int) -> dict:
         "recipe": "linvit generate train defaults (DiT-tiny, patch 4, AdamW lr 1e-3, batch 64, EMA 0.999)",
         "score": {k: first[k] for k in reference},
         "mixers": mixers,
+        "not_run": missing,
     }
 
 
@@ -99,12 +107,14 @@ def table(summary: dict) -> str:
         f"Scored on {score['samples']} samples ({score['steps']} DDIM steps, guidance {score['guidance']}) by a "
         f"softmax classifier that gets {100 * score['real_class_accuracy']:.1f}% of real val digits right; two real "
         f"sets (val vs test) lie {score['real_frechet_distance']:.2f} apart in its features. Chance is 10%. "
-        f"CPU budget: {summary.get('stage_minutes', 0):.0f} min of stages (classifier, training, scoring, grids) "
-        "on 2 cores.",
+        f"CPU budget: {summary.get('stage_minutes', 0):.0f} min of wall time in the finished stages (classifier, "
+        "training, scoring, grids) on a 2-core machine, at times shared with other work.",
         "",
         "| mixer | class accuracy % | Frechet distance | final val loss |",
         "|---|---|---|---|",
     ]
+    if summary.get("not_run"):
+        lines[0] += f" Not run yet (the stages stopped before them): {', '.join(summary['not_run'])}."
     for mixer, row in summary["mixers"].items():
         lines.append(
             f"| {mixer} | {interval(row['class_accuracy'], 100)} | {interval(row['frechet_distance'], digits=2)} "
@@ -134,8 +144,9 @@ def samples_figure(out: Path, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(MIXERS), figsize=(3.2 * len(MIXERS), 1.7))
-    for ax, mixer in zip(axes, MIXERS, strict=True):
+    mixers = [m for m in MIXERS if (out / f"grids/{m}.png").is_file()]
+    fig, axes = plt.subplots(1, len(mixers), figsize=(3.2 * len(mixers), 1.7), squeeze=False)
+    for ax, mixer in zip(axes[0], mixers, strict=True):
         ax.imshow(plt.imread(out / f"grids/{mixer}.png"), cmap="gray")
         ax.set_title(mixer, fontsize=10)
         ax.axis("off")
@@ -150,11 +161,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
     parser.add_argument("--epochs", type=int, default=80)
     parser.add_argument("--publish", default=None, help="docs folder to write results.json, figure and table into")
+    parser.add_argument("--report-only", action="store_true", help="summarise the stages finished so far")
     args = parser.parse_args()
     out, seeds = Path(args.out), [int(s) for s in args.seeds.split(",")]
     stages = plan(str(out), seeds, args.epochs)
-    timings = run_stages(out, stages, run_command)
-    (out / "commands.txt").write_text("\n".join(f"linvit {t['command']}" for t in timings.values()) + "\n")
+    timings = recorded_timings(out, stages) if args.report_only else run_stages(out, stages, run_command)
+    (out / "commands.txt").write_text("\n".join(t["command"] for t in timings.values()) + "\n")
     summary = summarise(out, seeds, args.epochs)
     summary["stage_minutes"] = sum(t["seconds"] or 0 for t in timings.values()) / 60
     (out / "results.json").write_text(json.dumps(summary, indent=2))
