@@ -201,3 +201,17 @@ def test_linear_infsa_projects_the_soft_query_in_views_only_in_eager_inference(m
         monkeypatch.setattr(ia, "QUERY_CHUNK_MIN_TOKENS", 10**9)
         whole = layer(x)
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [PureInfSAAttention, LinearInfSAAttention, KatzInfSAAttention])
+def test_a_bfloat16_input_under_autocast_runs_at_inference(cls):
+    """A mixer fed bfloat16 activations (a DiT block modulates with a bfloat16 adaLN output) under CPU autocast:
+    Linear-InfSA's folded inference path ran its float32 output projection on them and raised."""
+    torch.manual_seed(0)
+    layer = cls(64, num_heads=4).eval()
+    x = torch.randn(2, 50, 64)
+    with torch.no_grad():
+        expected = layer(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(x.bfloat16())
+    assert out.dtype == torch.bfloat16 and rel_err(out.float(), expected) < 2e-2

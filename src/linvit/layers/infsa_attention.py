@@ -258,8 +258,9 @@ class LinearInfSAAttention(_InfSABase):
         weights = self.folded_weights()
         q_key = self._query_key(chunks, weights)  # the Q projection itself may run under autocast
         if not torch.jit.is_scripting():
-            with no_autocast(q_key):
-                return self.proj(self.norm(self._pooled_value(chunks, q_key, weights)))
+            with no_autocast(q_key):  # the output projection in the weights' dtype, the result in the input's
+                z = self._pooled_value(chunks, q_key, weights)
+                return self.proj(self.norm(z.to(self.proj.weight.dtype))).to(z.dtype)
         return self.proj(self.norm(self._pooled_value(chunks, q_key, weights)))
 
     def _pooled_value(self, chunks: list[torch.Tensor], q_key: torch.Tensor, weights: FoldedWeights) -> torch.Tensor:
