@@ -84,8 +84,9 @@ def masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     squares = (mask.to(row_sq.dtype) @ row_sq[..., None]).squeeze(-1)
     # a query that sees only all-zero rows (every logit <= 0) has norm 0, where sqrt's gradient is infinite
-    # and would make the whole backward NaN; below the smallest normal number the value is clamped instead
-    return squares.clamp_min(torch.finfo(squares.dtype).tiny).sqrt()
+    # and would make the whole backward NaN; squares below 1e-30 (norms below 1e-15, far under the eps that is
+    # added to them) are clamped instead. A constant: TorchScript has no torch.finfo.
+    return squares.clamp_min(1e-30).sqrt()
 
 
 def _check_mask(attn_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
