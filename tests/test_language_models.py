@@ -251,3 +251,9 @@ def test_layers_left_out_by_include_keep_softmax_attention():
     torch.testing.assert_close(hidden["converted"][1][:, 3:], hidden["source"][1][:, 3:], rtol=1e-5, atol=1e-5)
     assert (hidden["converted"][2][:, 3:] - hidden["source"][2][:, 3:]).abs().max() > 1e-3
     torch.testing.assert_close(out.logits[1, 3:], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_an_encoder_decoder_model_is_refused_in_one_line():
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)
+    with pytest.raises(ValueError, match="encoder-decoder models .* are not supported"):
+        linvit.convert(transformers.T5ForConditionalGeneration(cfg), "pure_infsa")

@@ -65,6 +65,10 @@ def _register() -> None:
 
 def convert_language_model(model: nn.Module, variant: str, gamma_init: float, modules, report) -> nn.Module:
     """Select pure InfSA for every interface attention layer of a transformers model (see the module doc)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise UsageError(
+            "encoder-decoder models (cross-attention over the encoder) are not supported; decoders and encoders are"
+        )
     if variant != "pure_infsa" and is_causal_model(model, modules):
         raise UsageError(CAUSAL_REFUSAL.format(variant=variant))
     if variant != "pure_infsa":
@@ -165,6 +169,6 @@ def _all_rows(module, row_sq: torch.Tensor, key: torch.Tensor, kv_len: int) -> t
         )
     if last_key is not None and not torch.equal(key[:, :, kv_len - q_len - 1], last_key):
         raise UsageError("the KV cache was reordered (beam search?): pure InfSA's row norms cannot follow it")
-    rows = torch.cat([earlier, row_sq.detach() if not torch.is_grad_enabled() else row_sq], dim=-1)
+    rows = torch.cat([earlier, row_sq], dim=-1)
     states[module.layer_idx] = (rows.detach(), key[:, :, -1].detach())
     return rows
