@@ -23,45 +23,23 @@ def _gpt2():
     return transformers.GPT2LMHeadModel(cfg)
 
 
+def _decoder(family: str, **extra):
+    """A tiny random Llama-style decoder (LlamaConfig -> LlamaForCausalLM, and the same for Qwen3 and Mistral)."""
+    config = getattr(transformers, f"{family}Config")
+    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_attention_heads=4)
+    return getattr(transformers, f"{family}ForCausalLM")(config(**shape, max_position_embeddings=64, **extra))
+
+
 def _llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # grouped-query heads
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(cfg)
+    return _decoder("Llama", num_hidden_layers=2, num_key_value_heads=2)  # grouped-query heads
 
 
 def _qwen3():
-    cfg = transformers.Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=8,
-        max_position_embeddings=64,
-    )
-    return transformers.Qwen3ForCausalLM(cfg)
+    return _decoder("Qwen3", num_hidden_layers=3, num_key_value_heads=1, head_dim=8)
 
 
-def _mistral():
-    cfg = transformers.MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        sliding_window=32,  # longer than every sequence here: the same path as full attention
-    )
-    return transformers.MistralForCausalLM(cfg)
+def _mistral():  # a window longer than every sequence here: the same path as full attention
+    return _decoder("Mistral", num_hidden_layers=2, num_key_value_heads=2, sliding_window=32)
 
 
 FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen3": _qwen3, "mistral": _mistral}
@@ -217,16 +195,8 @@ def test_an_encoder_hides_padding_from_the_kept_tokens():
 def test_a_sliding_window_cache_that_drops_keys_is_refused():
     """A window shorter than the text: the cache forgets keys, so the row-norm state no longer lines up."""
     torch.manual_seed(0)
-    cfg = transformers.MistralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=4,
-    )
-    model = linvit.convert(transformers.MistralForCausalLM(cfg).eval(), "pure_infsa")
+    window = _decoder("Mistral", num_hidden_layers=1, num_key_value_heads=2, sliding_window=4)
+    model = linvit.convert(window.eval(), "pure_infsa")
     ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(7))
     with pytest.raises(ValueError, match="static or sliding"):
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False, pad_token_id=0)

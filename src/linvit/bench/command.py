@@ -104,10 +104,10 @@ def _suite_plan(args, name: str) -> dict:
 
 def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, batches, compiles, common, command):
     for spec in [*models, *references]:  # fail fast on an unknown model, variant or mixer
-        if common["task"] == "generate" and spec not in DIT_MIXERS:
-            raise UsageError(f"--task generate takes DiT mixers as --models ({', '.join(DIT_MIXERS)}); got {spec!r}")
         if common["task"] != "generate":
             split_name(spec)
+        elif spec not in DIT_MIXERS:
+            raise UsageError(f"--task generate takes DiT mixers as --models ({', '.join(DIT_MIXERS)}); got {spec!r}")
     for mode in compiles:
         if mode not in COMPILE_MODES:
             raise UsageError(f"--compile takes {', '.join(COMPILE_MODES)}, got {mode!r}")

@@ -23,9 +23,6 @@ def _diffusers():
     return diffusers
 
 
-PREDICTIONS = ("epsilon", "v_prediction")  # what the network predicts: the noise (DDPM, DiT) or v (Salimans & Ho)
-
-
 def noise_schedule(prediction: str = "epsilon"):
     """The training scheduler: q(x_t | x_0) for t in [0, TRAIN_STEPS), and what the network's output means."""
     return _diffusers().DDPMScheduler(

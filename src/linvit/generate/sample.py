@@ -40,10 +40,16 @@ def load_generator(run: str | Path) -> tuple[torch.nn.Module, dict]:
     return model.eval(), info
 
 
+def run_codec(info: dict, device) -> LatentCodec | None:
+    """The run's VAE (latent runs), or None (pixel runs)."""
+    return LatentCodec(info["vae"]).to(device) if info.get("vae") else None
+
+
 def sample_images(model, info: dict, labels: torch.Tensor, steps: int, guidance: float, generator, **options):
     """Samples of labels in [0, 1] at the run's image side (or options["img_size"]): DDIM in the model's space,
-    then, for a latent run, decoded by the run's VAE. options: img_size, progress (a wrapper of the steps)."""
-    codec = LatentCodec(info["vae"]).to(labels.device) if info.get("vae") else None
+    then, for a latent run, decoded by the run's VAE. options: img_size, progress (a wrapper of the steps),
+    codec (run_codec's result, to load the VAE once for many calls; loaded here when not given)."""
+    codec = options["codec"] if "codec" in options else run_codec(info, labels.device)
     size = options.get("img_size") or info.get("pixel_size", info["image_size"])
     side = codec.latent_size(size) if codec is not None else size
     shape = (info["channels"], side, side)

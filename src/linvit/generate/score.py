@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..data.digit_tasks import digits_split, is_digits_spec
 from ..distributed import resolve_device
 from ..errors import UsageError
-from .sample import load_generator, sample_images
+from .sample import load_generator, run_codec, sample_images
 
 
 def load_classifier(run: str | Path) -> torch.nn.Module:
@@ -88,10 +88,11 @@ def run_generate_score(args) -> dict:
     classes = info["num_classes"]
     labels = torch.arange(args.num, device=device) % classes
     gen = torch.Generator(device=device).manual_seed(args.seed)
+    codec = run_codec(info, device)
     samples, start_time = [], time.perf_counter()
     for start in tqdm(range(0, args.num, args.batch_size), desc="sampling", unit="batch", disable=not args.progress):
         chunk = labels[start : start + args.batch_size]
-        samples.append(sample_images(generator, info, chunk, args.steps, args.guidance, gen))
+        samples.append(sample_images(generator, info, chunk, args.steps, args.guidance, gen, codec=codec))
     sampling_seconds = time.perf_counter() - start_time
     logits, fake = classifier_outputs(classifier, torch.cat(samples))
     val_images, val_labels = real_images(info["data"], "val", args.num)
