@@ -296,6 +296,17 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     _add_log_arg(p)
 
 
+def _add_sampling_args(p: argparse.ArgumentParser, num: int, num_help: str) -> None:
+    """The flags of every command that samples a `generate train` run: which run, how many, how (DDIM)."""
+    p.add_argument("--checkpoint", required=True, help="the run folder of a finished `linvit generate train`")
+    p.add_argument("--num", type=POSITIVE, default=num, help=num_help)
+    p.add_argument("--steps", type=POSITIVE, default=50, help="DDIM steps")
+    p.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale (1 = none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a progress bar")
+
+
 def _add_log_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log",
@@ -493,28 +504,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_args(t, batch_size=64)
     t.set_defaults(func=_runner("generate.engine", "run_generate_train"))
     s = gen.add_parser("sample", help="a grid of samples of chosen classes from a generate train run")
-    s.add_argument("--checkpoint", required=True, help="the run folder of a finished `linvit generate train`")
+    _add_sampling_args(s, num=64, num_help="samples, the classes taken in turn")
     s.add_argument("--classes", default=None, help="class indices, e.g. 0,1,2 (default: every class)")
-    s.add_argument("--num", type=POSITIVE, default=64, help="samples, the classes taken in turn")
-    s.add_argument("--steps", type=POSITIVE, default=50, help="DDIM steps")
-    s.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale (1 = none)")
     s.add_argument("--img-size", type=POSITIVE, default=None, help="sample at another side (default: the run's)")
-    s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", required=True, help="grid PNG (the samples also go to the same name .npz)")
-    s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the steps")
     s.set_defaults(func=_runner("generate.sample", "run_generate_sample"))
     s = gen.add_parser("score", help="samples judged by a linvit classifier: class accuracy and Frechet distance")
-    s.add_argument("--checkpoint", required=True, help="the run folder of a finished `linvit generate train`")
+    _add_sampling_args(s, num=500, num_help="samples (classes in turn) and real val images")
     s.add_argument("--classifier", required=True, help="a `linvit train` run folder trained on the same digits")
-    s.add_argument("--num", type=POSITIVE, default=500, help="samples (classes in turn) and real val images")
-    s.add_argument("--steps", type=POSITIVE, default=50, help="DDIM steps")
-    s.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale")
     s.add_argument("--batch-size", type=POSITIVE, default=100)
-    s.add_argument("--seed", type=int, default=0)
     s.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    s.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the batches")
     s.set_defaults(func=_runner("generate.score", "run_generate_score"))
 
     p = sub.add_parser("segment", help="semantic segmentation: backbone + simple feature pyramid + semantic-FPN head")

@@ -10,6 +10,7 @@ import pytest
 from linvit.cli import run_command
 from linvit.reproduce import RECIPES, Recipe, Stage, build_plan, run_reproduce, run_stages
 from linvit.reproduce.plan import FAMILIES, SHARED, TASKS, Task
+from linvit.reproduce.stages import TimeLeft
 from linvit.reproduce.stats import VERDICTS
 
 
@@ -76,6 +77,18 @@ def test_analysis_stages_name_the_weights_they_read(tmp_path):
     stages = {s.name: s for s in build_plan(str(tmp_path), "quick", "cpu")}
     assert stages["eval/digit/softmax/s0/test"].inputs[0] == "runs/digit/softmax/s0/model.safetensors"
     assert all(s.inputs for name, s in stages.items() if name.split("/")[0] in ("eval", "explain", "spectral", "erf"))
+
+
+def test_time_left_ignores_a_stage_that_resumed_near_its_end():
+    """A training stage resumed after its last epoch takes ~0 s against a 200 s estimate: the machine is not
+    infinitely fast, so the pace measured so far (here 2x slower than estimated) must stand."""
+    left = TimeLeft(1000.0)
+    left.ran(200.0, 100.0)
+    assert left.seconds() == pytest.approx(2 * 900)
+    left.ran(0.5, 200.0)  # resumed: had nothing left to do
+    assert left.seconds() == pytest.approx(2 * 700)
+    left.ran(5.0, 100.0, counted=False)  # a stage the estimate had already left out
+    assert left.seconds() == pytest.approx(2 * 700)
 
 
 def test_a_stage_that_leaves_no_output_fails_loudly(tmp_path):

@@ -22,24 +22,20 @@ TASK_SETTING = {
 }
 
 
-def interval(summary: dict | None, scale: float = 1.0, digits: int = 1) -> str:
-    """ "93.4 [91.0, 95.8]" (or the bare mean with one seed)."""
+def interval(summary: dict | None, scale: float = 1.0, digits: int = 1, sign: str = "") -> str:
+    """ "93.4 [91.0, 95.8]" (or the bare mean with one seed); sign "+" writes every number signed."""
     if summary is None:
         return "-"
-    mean = f"{summary['mean'] * scale:.{digits}f}"
+    number = f"{{:{sign}.{digits}f}}".format
+    mean = number(summary["mean"] * scale)
     if summary["low"] is None:
         return mean
-    return f"{mean} [{summary['low'] * scale:.{digits}f}, {summary['high'] * scale:.{digits}f}]"
+    return f"{mean} [{number(summary['low'] * scale)}, {number(summary['high'] * scale)}]"
 
 
 def signed(diff: dict | None, scale: float = 1.0, digits: int = 1) -> str:
     """ "+1.2 [-0.5, +2.9]" for a paired difference."""
-    if diff is None:
-        return "-"
-    mean = f"{diff['mean'] * scale:+.{digits}f}"
-    if diff["low"] is None:
-        return mean
-    return f"{mean} [{diff['low'] * scale:+.{digits}f}, {diff['high'] * scale:+.{digits}f}]"
+    return interval(diff, scale, digits, sign="+")
 
 
 class Claims:

@@ -56,7 +56,9 @@ def output_ok(path: Path) -> bool:
     return True
 
 
-def finished(out: Path, stage: Stage) -> bool:
+def finished(out: Path, stage: Stage, check_inputs: bool = True) -> bool:
+    """The stage's marker says done for this command, its outputs read back and (check_inputs) its inputs
+    still have the content it read; without check_inputs nothing is hashed (a cheap guess for estimates)."""
     marker = _marker(out, stage)
     try:
         record = json.loads(marker.read_text())
@@ -66,7 +68,7 @@ def finished(out: Path, stage: Stage) -> bool:
         record.get("status") == "done"
         and record.get("argv") == stage.argv
         and all(output_ok(out / o) for o in stage.outputs)
-        and (not stage.inputs or record.get("inputs") == input_fingerprints(out, stage))
+        and (not check_inputs or not stage.inputs or record.get("inputs") == input_fingerprints(out, stage))
     )
 
 
@@ -127,12 +129,33 @@ def recorded_timings(out: Path, stages: list[Stage]) -> dict[str, dict]:
     return timings
 
 
+class TimeLeft:
+    """The estimated seconds of the stages still to run, scaled by this machine's pace so far (measured over
+    the estimates of the stages that ran, once they add up to a minute). A stage done in under a tenth of its
+    estimate (a training resumed near its end) says nothing about the pace and is left out of it."""
+
+    PACE_SHARE = 0.1
+
+    def __init__(self, estimated: float) -> None:
+        self.remaining, self.spent, self.estimated_done = estimated, 0.0, 0.0
+
+    def ran(self, seconds: float, estimate: float, counted: bool = True) -> None:
+        """A stage took seconds against its estimate; counted: its estimate is part of `remaining`."""
+        if seconds >= self.PACE_SHARE * estimate:
+            self.spent += seconds
+            self.estimated_done += estimate
+        self.remaining -= estimate if counted else 0
+
+    def seconds(self) -> float:
+        pace = self.spent / self.estimated_done if self.estimated_done >= 60 else 1.0
+        return max(0.0, self.remaining * pace)
+
+
 def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
     """Run (or reuse) every stage via execute(argv); returns {name: {"seconds", "reused", "command"}}."""
     timings: dict[str, dict] = {}
-    reuse = {s.name for s in stages if finished(out, s)}  # for the time estimate only
-    est_done = spent = 0.0
-    remaining_est = sum(s.est_s for s in stages if s.name not in reuse)
+    reuse = {s.name for s in stages if finished(out, s, check_inputs=False)}  # for the time estimate only
+    time_left = TimeLeft(sum(s.est_s for s in stages if s.name not in reuse))
     bar = tqdm(
         total=len(stages),
         unit="stage",
@@ -147,9 +170,7 @@ def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
                 tqdm.write(f"reusing {stage.name} (finished earlier, outputs checked)")
                 bar.update(1)
                 continue
-            # this machine's speed relative to the estimates, once enough has run to tell
-            pace = spent / est_done if est_done >= 60 else 1.0
-            bar.set_postfix_str(f"about {_fmt_seconds(remaining_est * pace)} left; now {stage.name}")
+            bar.set_postfix_str(f"about {_fmt_seconds(time_left.seconds())} left; now {stage.name}")
             tqdm.write(f"== {stage.name}: {command(stage)}")
             _prepare(out, stage)
             _write_marker(out, stage, status="running")
@@ -162,9 +183,7 @@ def run_stages(out: Path, stages: list[Stage], execute) -> dict[str, dict]:
                 raise RuntimeError(f"stage {stage.name} finished without writing {', '.join(missing)}")
             _write_marker(out, stage, status="done", seconds=seconds, inputs=inputs)
             timings[stage.name] = {"seconds": seconds, "reused": False, "command": command(stage)}
-            spent += seconds
-            est_done += stage.est_s
-            remaining_est -= 0 if stage.name in reuse else stage.est_s
+            time_left.ran(seconds, stage.est_s, counted=stage.name not in reuse)
             tqdm.write(f"done {stage.name} in {_fmt_seconds(seconds)}")
             bar.update(1)
     finally:
