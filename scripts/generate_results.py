@@ -80,6 +80,7 @@ def summarise(out: Path, seeds: list[int], epochs: int, done: set[str]) -> dict:
         curves = [_metrics(out / f"runs/{mixer}/s{s}") for s in seeds]
         mixers[mixer] = {
             "class_accuracy": mean_interval([r["class_accuracy"] for r in scores]),
+            "class_accuracy_samples": samples_interval(scores),
             "frechet_distance": mean_interval([r["frechet_distance"] for r in scores]),
             "val_loss": mean_interval([c[-1]["val_loss"] for c in curves]),
             "epoch_seconds": mean_interval([sum(e["epoch_seconds"] for e in c) / len(c) for c in curves]),
@@ -100,6 +101,17 @@ def summarise(out: Path, seeds: list[int], epochs: int, done: set[str]) -> dict:
     }
 
 
+def samples_interval(scores: list[dict]) -> dict:
+    """Class accuracy over all seeds' samples pooled, with its 95% Wilson interval: how far from chance the
+    share is, given how many samples were judged (the uncertainty of the scoring, not of the training)."""
+    from scipy.stats import binomtest
+
+    total = sum(r["samples"] for r in scores)
+    correct = round(sum(r["class_accuracy"] * r["samples"] for r in scores))
+    ci = binomtest(correct, total).proportion_ci(0.95, method="wilson")
+    return {"correct": correct, "samples": total, "mean": correct / total, "low": ci.low, "high": ci.high}
+
+
 def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
@@ -112,18 +124,20 @@ def table(summary: dict) -> str:
         f"seeds {', '.join(map(str, summary['seeds']))}; mean [95% t-interval over seeds]. "
         f"Scored on {score['samples']} samples ({score['steps']} DDIM steps, guidance {score['guidance']}) by a "
         f"softmax classifier that gets {100 * score['real_class_accuracy']:.1f}% of real val digits right; two real "
-        f"sets (val vs test) lie {score['real_frechet_distance']:.2f} apart in its features. Chance is 10%. "
+        f"sets (val vs test) lie {score['real_frechet_distance']:.2f} apart in its features. Chance is 10%; the "
+        "samples' interval is the 95% Wilson interval of the class accuracy over every seed's samples pooled. "
         f"CPU budget: {summary.get('stage_minutes', 0):.0f} min of wall time in the finished stages (classifier, "
         "training, scoring, grids) on a 2-core machine, at times shared with other work.",
         "",
-        "| mixer | class accuracy % | Frechet distance | final val loss |",
-        "|---|---|---|---|",
+        "| mixer | class accuracy % | samples' 95% interval % | Frechet distance | final val loss |",
+        "|---|---|---|---|---|",
     ]
     if summary.get("not_run"):
         lines[0] += f" Not run yet (the stages stopped before them): {', '.join(summary['not_run'])}."
     for mixer, row in summary["mixers"].items():
         lines.append(
-            f"| {mixer} | {interval(row['class_accuracy'], 100)} | {interval(row['frechet_distance'], digits=2)} "
+            f"| {mixer} | {interval(row['class_accuracy'], 100)} | {interval(row['class_accuracy_samples'], 100)} "
+            f"| {interval(row['frechet_distance'], digits=2)} "
             f"| {interval(row['val_loss'], digits=4)} |"
         )
     return "\n".join(lines)
