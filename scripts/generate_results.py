@@ -3,11 +3,12 @@
     python scripts/generate_results.py                  # train, sample, score into runs/generate-results (resumable)
     python scripts/generate_results.py --publish docs   # ... and write docs/generate/ and docs/results.md's table
     python scripts/generate_results.py --report-only --publish docs   # only what has finished so far
+    python scripts/generate_results.py --mixers softmax,pure,katz      # a share of the mixers (one process each)
 
 Every step is a `linvit` command run as a stage of `linvit reproduce` (printed, resumable: a finished stage
 is reused, an interrupted training continues from its last.pth). The stages: a softmax classifier on the
-same digits (the recipe `linvit reproduce` uses), then per mixer and seed `linvit generate train` with the
-defaults and `linvit generate score`, and one `linvit generate sample` grid per mixer. `--publish DOCS`
+same digits (the recipe `linvit reproduce` uses, at 28 px), then per mixer and seed `linvit generate train`
+with RECIPE and `linvit generate score`, and one `linvit generate sample` grid per mixer. `--publish DOCS`
 writes DOCS/generate/{results.json, samples.png} and the table between `<!-- generate:begin/end -->` in
 DOCS/results.md, all from the stages' JSON.
 """
