@@ -42,8 +42,12 @@ def katz_features(t: torch.Tensor, kind: str = "relu") -> tuple[torch.Tensor, fl
 
 
 def _norm_ratio(gram_q: torch.Tensor, gram_k: torch.Tensor, eps: float, c2: float) -> torch.Tensor:
-    """r = c^2 / s with s = ||phi(Q) phi(K)^T||_F + eps = c^2 sqrt(sum(fq^T fq * fk^T fk)) + eps, (B, H, 1, 1)."""
-    return 1.0 / ((gram_q * gram_k).sum(dim=(-2, -1), keepdim=True).sqrt() + eps / c2)
+    """r = c^2 / s with s = ||phi(Q) phi(K)^T||_F + eps = c^2 sqrt(sum(fq^T fq * fk^T fk)) + eps, (B, H, 1, 1).
+
+    The clamp keeps the square root's gradient finite where phi(Q) or phi(K) is all zero (sqrt'(0) is
+    infinite: NaN gradients for the whole layer); any sum that small is far below eps."""
+    squared = gram_q.flatten(-2).unsqueeze(-2) @ gram_k.flatten(-2).unsqueeze(-1)  # sum of products, one op
+    return 1.0 / (squared.clamp_min(1e-30).sqrt() + eps / c2)
 
 
 def _factors(q: torch.Tensor, k: torch.Tensor, eps: float, kind: str):
@@ -133,7 +137,29 @@ def katz_factors(
     """f = phi(q) / c (B, H, N, d) and the mixing X (B, H, d, D), with katz_infsa(q, k, v) = f X, in the
     accumulation dtype (call with autocast off). Layers that fold X into their output projection use these."""
     (fq, c2), (fk, _) = katz_features(q, feature_map), katz_features(k, feature_map)
+    by_tokens = True
+    if not torch.jit.is_scripting():  # exported graphs keep the d x d form: any N, a symbolic one never guarded
+        by_tokens = not torch.compiler.is_exporting()
+    if by_tokens and fq.shape[-2] <= fq.shape[-1]:
+        return fq, katz_mixing_by_tokens(fq, fk, v, gamma, eps, c2)
     return fq, katz_mixing(katz_token_sums(fq, fk, v), gamma, eps, c2)
+
+
+def katz_mixing_by_tokens(
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, c2: float
+) -> torch.Tensor:
+    """katz_mixing's X through the N x N system, for N <= d tokens, where it is cheaper in every term.
+
+    Push-through identity: (I_d - g fk^T fq)^{-1} fk^T = fk^T (I_N - g fq fk^T)^{-1}, so with g = gamma c^2 / s,
+    X = g fk^T (I_N - g fq fk^T)^{-1} V: an N^3 solve instead of a d^3 one and no d x d token sums (a 64 x 64
+    solve per head dominated Katz-InfSA's training step at 17 tokens). ||fq fk^T||_F is the norm that
+    _norm_ratio computes from the two grams.
+    """
+    a = fq @ fk.transpose(-2, -1)  # (B, H, N, N)
+    norm = torch.linalg.vector_norm(a, dim=(-2, -1), keepdim=True)
+    g = gamma_as_tensor(gamma, a.shape[1], a) / (norm + eps / c2)  # (B, H, 1, 1)
+    z = torch.linalg.solve_ex(_eye_minus(a * g), v.to(a.dtype), check_errors=False)[0]
+    return (fk.transpose(-2, -1) @ z) * g
 
 
 def katz_operator(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, feature_map: str = "relu"):
