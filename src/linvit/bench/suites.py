@@ -48,6 +48,18 @@ SUITES: dict[str, dict] = {
         warmup=2,
         reference=["linear_infvit_4l_patch16_224"],
     ),
+    # the reproduce protocol's scale (32 px, patch 8: 17 tokens, width 192): a training step (forward + backward)
+    # of batch 64 per 4-layer model, where Katz-InfSA solves the N x N system (N <= d = 64)
+    "few_tokens": dict(
+        models=[m for m in FOUR_LAYER if not m.endswith(":naive")],
+        res=[32],
+        batch=[64],
+        mode="train",
+        model_kwargs=dict(patch_size=8, embed_dim=192, depth=4, num_heads=3),
+        iters=5,
+        warmup=2,
+        reference=["vit_4l_patch16_224"],
+    ),
     # the 4-layer family, inference, batch 1, fp32, against both softmax baselines
     "family4l": dict(
         models=FOUR_LAYER,
