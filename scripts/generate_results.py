@@ -131,14 +131,16 @@ def table(summary: dict) -> str:
         f"CPU budget: {summary.get('stage_minutes', 0):.0f} min of wall time in the finished stages (classifier, "
         "training, scoring, grids) on a 2-core machine, at times shared with other work.",
         "",
-        "| mixer | class accuracy % | samples' 95% interval % | Frechet distance | final val loss |",
-        "|---|---|---|---|---|",
+        "| mixer | class accuracy % | per seed % | samples' 95% interval % | Frechet distance | final val loss |",
+        "|---|---|---|---|---|---|",
     ]
     if summary.get("not_run"):
         lines[0] += f" Not run yet (the stages stopped before them): {', '.join(summary['not_run'])}."
     for mixer, row in summary["mixers"].items():
         lines.append(
-            f"| {mixer} | {interval(row['class_accuracy'], 100)} | {interval(row['class_accuracy_samples'], 100)} "
+            f"| {mixer} | {interval(row['class_accuracy'], 100)} "
+            f"| {', '.join(f'{100 * v:.1f}' for v in row['class_accuracy']['values'])} "
+            f"| {interval(row['class_accuracy_samples'], 100)} "
             f"| {interval(row['frechet_distance'], digits=2)} "
             f"| {interval(row['val_loss'], digits=4)} |"
         )
@@ -179,7 +181,7 @@ def samples_figure(out: Path, path: Path, mixers: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/generate-results")
-    parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
+    parser.add_argument("--seeds", default="0,1", help="training seeds, comma-separated")
     parser.add_argument("--epochs", type=int, default=80)
     parser.add_argument("--mixers", default=",".join(MIXERS), help="mixers to run (empty: the classifier only)")
     parser.add_argument("--publish", default=None, help="docs folder to write results.json, figure and table into")
