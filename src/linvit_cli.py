@@ -316,11 +316,7 @@ def _add_log_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="linvit", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_models_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list registered models with parameter counts")
     p.add_argument("--filter", default="", help="wildcard filter, e.g. '*linear*'")
     p.add_argument("--macs", action="store_true", help="also count multiply-accumulates (torch flop counter)")
@@ -331,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_runner("bench.command", "run_models"))
 
+
+def _add_bench_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="speed / memory / FLOPs / energy sweep, one subprocess per point")
     p.add_argument(
         "--models", type=_csv(str), default=None, help="comma list; 'name:variant', e.g. vit_4l_patch16_224:naive"
@@ -377,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=_runner("bench.command", "run_bench"))
 
+
+def _add_data_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="build the embedded datasets (offline)")
     data_sub = p.add_subparsers(dest="dataset", required=True)
     d = data_sub.add_parser("cluttered-mnist", help="MNIST digits on a cluttered canvas, with boxes.json")
@@ -411,12 +411,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0, help="the digit split and every canvas")
     d.set_defaults(func=_runner("data.digit_tasks", "run_digit_folder"))
 
+
+def _add_train_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train with the DeiT recipe (torchrun for DDP)")
     _add_train_args(p)
     p.add_argument("--pretrained-file", default=None, help="start from these weights (.pth/.safetensors; timm's path)")
     _add_convert_arg(p)
     p.set_defaults(func=_runner("train", "run_train"))
 
+
+def _add_eval_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="top-1 / top-5 / loss of a checkpoint on a split")
     _add_common_data_args(p, model_required=False)
     p.add_argument("--split", default="val")
@@ -437,6 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     p.set_defaults(func=_runner("evaluate", "run_eval"))
 
+
+def _add_explain_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explain", help="importance maps, MoRF/LeRF, box ROC/PR-AUC, pointing game")
     _add_analysis_args(p, limit=64)
     p.add_argument("--boxes", default=None, help="boxes.json or a folder of VOC XML files (default DATA/boxes.json)")
@@ -448,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=_runner("explain.run", "run_explain", _check_explain_args))
 
+
+def _add_spectral_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("spectral", help="Linear-InfSA importance vs the Perron vector, spectral radius, truncation gap")
     _add_analysis_args(p, limit=8)
     p.add_argument(
@@ -456,13 +464,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="JSON file")
     p.set_defaults(func=_runner("explain.run", "run_spectral", _check_optional_img_size))
 
+
+def _add_erf_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("erf", help="effective receptive field heat map (RepLKNet protocol)")
     _add_analysis_args(p, limit=16)
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=_runner("explain.run", "run_erf", _check_optional_img_size))
 
-    p = sub.add_parser("generate", help="class-conditional image generation: diffusion transformers (DiT)")
-    gen = p.add_subparsers(dest="generate_command", required=True)
+
+def _add_generate_train_command(gen: argparse._SubParsersAction) -> None:
     t = gen.add_parser("train", help="DDPM training of a DiT with any mixer (torchrun for DDP)")
     t.add_argument(
         "--data", required=True, help="digits:TASK[,canvas=..] (drawn digits, grey) or a folder DATA/train/<class>"
@@ -503,6 +513,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_arg(t)
     _add_runtime_args(t, batch_size=64)
     t.set_defaults(func=_runner("generate.engine", "run_generate_train"))
+
+
+def _add_generate_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="class-conditional image generation: diffusion transformers (DiT)")
+    gen = p.add_subparsers(dest="generate_command", required=True)
+    _add_generate_train_command(gen)
     s = gen.add_parser("sample", help="a grid of samples of chosen classes from a generate train run")
     _add_sampling_args(s, num=64, num_help="samples, the classes taken in turn")
     s.add_argument("--classes", default=None, help="class indices, e.g. 0,1,2 (default: every class)")
@@ -516,6 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     s.set_defaults(func=_runner("generate.score", "run_generate_score"))
 
+
+def _add_segment_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("segment", help="semantic segmentation: backbone + simple feature pyramid + semantic-FPN head")
     seg = p.add_subparsers(dest="segment_command", required=True)
     t = seg.add_parser("train", help="per-pixel cross-entropy training (torchrun for DDP)")
@@ -544,6 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--img-size", type=POSITIVE, default=None, help="resize the shorter side (default: the run's)")
     e.set_defaults(func=_runner("dense_inference", "run_segment_predict"))
 
+
+def _add_detect_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("detect", help="object detection: Faster R-CNN / RetinaNet / Mask R-CNN on a backbone's pyramid")
     det = p.add_subparsers(dest="detect_command", required=True)
     t = det.add_parser("train", help="train a detector on COCO-format data (torchrun for DDP)")
@@ -569,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--score-thresh", type=float, default=0.5, help="keep detections scoring at least this")
     e.set_defaults(func=_runner("dense_inference", "run_detect_predict"))
 
+
+def _add_predict_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="top-k classes of your own images (files, folders, globs) at any size")
     p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
     _add_model_args(
@@ -594,6 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the images")
     p.set_defaults(func=_runner("inference", "run_predict", _check_optional_img_size))
 
+
+def _add_demo_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="a local web page: upload a picture, see top-k and maps of one or two runs")
     p.add_argument("--checkpoint", nargs="+", default=None, metavar="RUN", help="one or two run folders to compare")
     p.add_argument("--model", default=None, help="without --checkpoint: this model with random weights")
@@ -602,6 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=POSITIVE, default=7860)
     p.set_defaults(func=_runner("demo", "run_demo"))
 
+
+def _add_export_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="ONNX / torch.export (.pt2) / TorchScript file, checked against PyTorch")
     _add_model_args(p, "registered model name, or a `linvit train` run folder (its trained weights)", KWARGS_HELP)
     p.add_argument(
@@ -624,6 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output file")
     p.set_defaults(func=_runner("export", "run_export", _check_img_size))
 
+
+def _add_reproduce_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "reproduce", help="every family trained on the digit tasks, evaluated, mapped, benchmarked -> OUT/report.md"
     )
@@ -640,6 +668,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where training and benchmarks run")
     p.add_argument("--out", required=True, help="output folder; re-running with it reuses finished stages")
     p.set_defaults(func=_reproduce)
+
+
+# every top-level command, in the order `linvit --help` lists them
+_COMMANDS = (
+    _add_models_command,
+    _add_bench_command,
+    _add_data_command,
+    _add_train_command,
+    _add_eval_command,
+    _add_explain_command,
+    _add_spectral_command,
+    _add_erf_command,
+    _add_generate_command,
+    _add_segment_command,
+    _add_detect_command,
+    _add_predict_command,
+    _add_demo_command,
+    _add_export_command,
+    _add_reproduce_command,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="linvit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_command in _COMMANDS:
+        add_command(sub)
     parser.commands = _leaf_parsers(sub)
     for leaf in parser.commands.values():
         leaf.add_argument(
