@@ -64,6 +64,40 @@ def run_train(args) -> list[dict]:
         cleanup()
 
 
+def _train_loader(train_set: Dataset, args, rank: int, world: int, device: torch.device):
+    """This rank's shard of the training set, in full batches (DDP needs the same step count on every rank)."""
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        drop_last=True,
+        collate_fn=collate_images,
+        pin_memory=device.type == "cuda",
+        persistent_workers=False,
+    )
+    if len(loader) == 0:
+        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+    return sampler, loader
+
+
+def _mixup_and_criterion(args, num_classes: int) -> tuple[Mixup | None, nn.Module]:
+    """DeiT's targets: Mixup/CutMix with soft-target cross-entropy, else (smoothed) cross-entropy."""
+    if args.mixup > 0 or args.cutmix > 0:
+        if args.batch_size % 2:
+            raise UsageError(
+                f"Mixup/CutMix pair the images of a batch: --batch-size must be even, got {args.batch_size}"
+            )
+        mixup = Mixup(
+            mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, label_smoothing=args.smoothing, num_classes=num_classes
+        )
+        return mixup, SoftTargetCrossEntropy()
+    if args.smoothing > 0:
+        return None, LabelSmoothingCrossEntropy(smoothing=args.smoothing)
+    return None, nn.CrossEntropyLoss()
+
+
 def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     output = Path(args.output)
     if rank == 0:
@@ -85,35 +119,10 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     model.to(device)
     global_batch = args.batch_size * world
     lr = args.lr if args.lr is not None else args.base_lr * global_batch / 512
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(
-        train_set,
-        batch_size=args.batch_size,
-        sampler=sampler,
-        num_workers=args.workers,
-        drop_last=True,
-        collate_fn=collate_images,
-        pin_memory=device.type == "cuda",
-        persistent_workers=False,
-    )
-    if len(loader) == 0:
-        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+    sampler, loader = _train_loader(train_set, args, rank, world, device)
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world)
     optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device, lr)
-    mixup = None
-    if args.mixup > 0 or args.cutmix > 0:
-        if args.batch_size % 2:
-            raise UsageError(
-                f"Mixup/CutMix pair the images of a batch: --batch-size must be even, got {args.batch_size}"
-            )
-        mixup = Mixup(
-            mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, label_smoothing=args.smoothing, num_classes=num_classes
-        )
-        criterion = SoftTargetCrossEntropy()
-    elif args.smoothing > 0:
-        criterion = LabelSmoothingCrossEntropy(smoothing=args.smoothing)
-    else:
-        criterion = nn.CrossEntropyLoss()
+    mixup, criterion = _mixup_and_criterion(args, num_classes)
     ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema else None
 
     start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, ema, scaler, rank)
