@@ -88,6 +88,7 @@ def test_each_family_trains_and_the_loss_falls(data, tmp_path, model, kwargs):
     keys = {"epoch", "train_loss", "val_top1", "val_top5", "lr", "epoch_seconds", "images_per_second"}
     assert all(keys <= r.keys() for r in rows)
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert all(0 < r["grad_norm"] <= r["grad_norm_max"] < 1e3 and r["nonfinite_grad_steps"] == 0 for r in rows)
     assert (tmp_path / "last.pth").is_file() and (tmp_path / "model.safetensors").is_file()
     # the saved weights evaluate to the logged validation accuracy
     assert (
@@ -440,3 +441,52 @@ def test_train_pass_waits_for_the_device_once_per_check_interval(monkeypatch):
     )
     assert record["train_loss"] > 0
     assert len(syncs) <= 3 * 2 + 1, syncs  # checks at steps 50, 100, 120 (flag + bar), and the epoch's total
+
+
+def _one_epoch(model, batches, optimizer, clip_grad):
+    from types import SimpleNamespace
+
+    from linvit import engine
+
+    scheduler = SimpleNamespace(step_update=lambda num_updates: None, step=lambda epoch: None)
+    args = SimpleNamespace(progress=False, clip_grad=clip_grad)
+    loss = lambda x: (model(x).square().mean(), len(x))  # noqa: E731
+    return engine.train_pass(model, batches, loss, optimizer, scheduler, None, 0, args, torch.device("cpu"), 0)
+
+
+def test_train_pass_records_the_gradient_norm_before_clipping():
+    """metrics.jsonl's grad_norm / grad_norm_max are the global L2 norms of the gradients before clipping (a
+    learning rate of 0 keeps the weights, so each step's norm can be recomputed), and clipping still applies."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    batches = [torch.randn(3, 4) * (i + 1) for i in range(5)]
+    expected = []
+    for x in batches:
+        grads = torch.autograd.grad(model(x).square().mean(), list(model.parameters()))
+        expected.append(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])).item())
+    record = _one_epoch(model, batches, torch.optim.SGD(model.parameters(), lr=0.0), clip_grad=1e-3)
+    assert record["grad_norm"] == pytest.approx(sum(expected) / len(expected), rel=1e-6)
+    assert record["grad_norm_max"] == pytest.approx(max(expected), rel=1e-6)
+    assert record["nonfinite_grad_steps"] == 0 and max(expected) > 1e-3
+
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    _one_epoch(model, batches[:1], torch.optim.SGD(model.parameters(), lr=1.0), clip_grad=1e-3)
+    step = torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+    assert torch.linalg.vector_norm(step).item() == pytest.approx(1e-3, rel=1e-4)  # clipped to --clip-grad
+
+
+def test_gradient_norm_stats_count_non_finite_steps_apart():
+    """fp16 steps the scaler skips (inf gradients) are counted, not averaged into the norm."""
+    from linvit.engine import GradNormStats
+
+    stats = GradNormStats(torch.device("cpu"))
+    for norm in (2.0, float("inf"), 4.0, float("nan")):
+        stats.add(torch.tensor(norm))
+    assert GradNormStats.record(stats.values().tolist()) == {
+        "grad_norm": 3.0,
+        "grad_norm_max": 4.0,
+        "nonfinite_grad_steps": 2,
+    }
+    empty = GradNormStats(torch.device("cpu"))
+    empty.add(torch.tensor(float("inf")))
+    assert GradNormStats.record(empty.values().tolist())["grad_norm"] is None

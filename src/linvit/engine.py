@@ -101,21 +101,27 @@ def save_epoch(output: Path, state: dict, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, scaler, clip_grad: float | None) -> None:
-    """Backward (scaled for fp16), optional gradient clipping, one optimizer step."""
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, scaler, clip_grad: float | None) -> torch.Tensor:
+    """Backward (scaled for fp16), optional gradient clipping, one optimizer step.
+
+    Returns the global L2 norm of the (unscaled) gradients before clipping, on the device (no host sync): the
+    training-health number the epoch records."""
     optimizer.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
     else:
         loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=loss.device)
     if clip_grad:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), clip_grad, norm)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
+    return norm.detach()
 
 
 def training_recipe(model: nn.Module, args, updates_per_epoch: int, device: torch.device, lr: float | None = None):
@@ -157,7 +163,9 @@ def train_pass(
     after_step: Callable[[int], None] | None = None,
 ) -> dict:
     """One epoch of any task: batch_loss(batch) -> (loss, images); the optimizer step, the per-iteration
-    schedule, after_step(global step) (EMA), a progress bar and the epoch's numbers (summed over ranks).
+    schedule, after_step(global step) (EMA), a progress bar and the epoch's numbers (summed over ranks), with
+    the mean and largest gradient norm before clipping (equal on every rank: DDP's gradients are all-reduced)
+    and the steps whose gradients were not finite (fp16 steps the scaler skipped).
 
     The running loss stays on the device: the host waits only every CHECK_EVERY steps, where every rank
     takes part in one all-reduce of the non-finite count and all of them stop together (a loss that is NaN on
@@ -167,12 +175,13 @@ def train_pass(
     updates = len(loader)
     loss_sum = torch.zeros((), device=device)
     nonfinite = torch.zeros((), device=device)
+    grad_norms = GradNormStats(device)
     seen = 0
     start = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
     for step, batch in enumerate(bar):
         loss, images = batch_loss(batch)
-        optimizer_step(loss, net, optimizer, scaler, args.clip_grad)
+        grad_norms.add(optimizer_step(loss, net, optimizer, scaler, args.clip_grad))
         scheduler.step_update(num_updates=epoch * updates + step + 1)
         if after_step is not None:
             after_step(epoch * updates + step)
@@ -184,14 +193,47 @@ def train_pass(
             stop_if_not_finite(nonfinite, epoch, step)
             bar.set_postfix(loss=f"{loss_sum.item() / max(seen, 1):.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
     seconds = time.perf_counter() - start
-    loss_total, seen = all_reduce_sum([loss_sum.item(), seen], device)
+    local_loss, *norm_values = torch.cat([loss_sum.reshape(1), grad_norms.values()]).tolist()  # one host sync
+    loss_total, seen = all_reduce_sum([local_loss, seen], device)
     scheduler.step(epoch + 1)
     return {
         "train_loss": loss_total / max(seen, 1),
         "lr": optimizer.param_groups[0]["lr"],
         "epoch_seconds": seconds,
         "images_per_second": seen / seconds if seconds > 0 else None,
+        **GradNormStats.record(norm_values),
     }
+
+
+class GradNormStats:
+    """Per-step gradient norms summed on the device: mean and max over the finite ones, count of the others."""
+
+    def __init__(self, device: torch.device):
+        self.total = torch.zeros((), device=device)
+        self.largest = torch.zeros((), device=device)
+        self.finite = torch.zeros((), device=device)
+        self.nonfinite = torch.zeros((), device=device)
+
+    def add(self, norm: torch.Tensor) -> None:
+        norm = norm.float()
+        finite = torch.isfinite(norm)
+        kept = torch.where(finite, norm, torch.zeros_like(norm))
+        self.total += kept
+        self.largest = torch.maximum(self.largest, kept)
+        self.finite += finite
+        self.nonfinite += ~finite
+
+    def values(self) -> torch.Tensor:
+        return torch.stack([self.total, self.largest, self.finite, self.nonfinite])
+
+    @staticmethod
+    def record(values: list[float]) -> dict:
+        total, largest, finite, nonfinite = values
+        return {
+            "grad_norm": total / finite if finite else None,
+            "grad_norm_max": largest if finite else None,
+            "nonfinite_grad_steps": int(nonfinite),
+        }
 
 
 def stop_if_not_finite(nonfinite: torch.Tensor, epoch: int, step: int) -> None:
