@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 from pathlib import Path
 
 from linvit.reproduce.claims import interval
 from linvit.reproduce.plan import Stage
+from linvit.reproduce.report import replace_between
 from linvit.reproduce.stages import recorded_timings, run_stages
 from linvit.reproduce.stats import mean_interval
 from linvit_cli import run_command
@@ -152,12 +152,8 @@ def publish(out: Path, docs: Path, summary: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(summary, indent=2))
     samples_figure(out, folder / "samples.png", list(summary["mixers"]))
-    results = docs / "results.md"
-    text = results.read_text()
     block = f"{BEGIN}\n{table(summary)}\n\n![samples per mixer](generate/samples.png)\n{END}"
-    if BEGIN not in text:
-        raise SystemExit(f"{results}: no {BEGIN} ... {END} markers to write the table between")
-    results.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S))
+    replace_between(docs / "results.md", BEGIN, END, block)
     shutil.copy(out / "commands.txt", folder / "commands.txt")
 
 

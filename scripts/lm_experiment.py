@@ -19,7 +19,6 @@ import ast
 import copy
 import json
 import math
-import re
 import shutil
 import sysconfig
 import time
@@ -29,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 import linvit
+from linvit.reproduce.report import replace_between
 
 CONTEXT, BATCH, LR = 128, 32, 1e-3
 BEGIN, END = "<!-- lm:begin -->", "<!-- lm:end -->"
@@ -201,12 +201,8 @@ def publish(out: Path, docs: Path, result: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(out / "results.json", folder / "results.json")
     shutil.copy(out / "curves.png", folder / "curves.png")
-    results = docs / "results.md"
-    text = results.read_text()
-    if BEGIN not in text:
-        raise SystemExit(f"{results}: no {BEGIN} ... {END} markers")
     block = f"{BEGIN}\n{table(result)}\n\n![validation loss](lm/curves.png)\n{END}"
-    results.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S))
+    replace_between(docs / "results.md", BEGIN, END, block)
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from linvit.reproduce.claims import interval
-from linvit.reproduce.report import analysis_table, lr_table, model_tables
+from linvit.reproduce.report import analysis_table, lr_table, model_tables, replace_between
 
 BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 README_BEGIN, README_END = "<!-- quick:begin -->", "<!-- quick:end -->"
@@ -81,15 +81,6 @@ def readme_section(report: dict) -> str:
     for rows in report["claims"].values():
         lines += [f"| {row['claim']} | {row['paper']} | {row['verdict']} |" for row in rows]
     return "\n".join(lines + [README_END])
-
-
-def replace_between(path: Path, begin: str, end: str, section: str) -> None:
-    """Replace the text from begin to end (markers included; section carries them again)."""
-    text = path.read_text()
-    if begin not in text or end not in text:
-        raise SystemExit(f"{path}: no {begin} ... {end} markers to replace")
-    head, rest = text.split(begin, 1)
-    path.write_text(head + section + rest.split(end, 1)[1])
 
 
 def main() -> None:

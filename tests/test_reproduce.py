@@ -237,3 +237,18 @@ def test_a_claims_verdict_is_computed_from_the_paired_interval(linear, expected)
     assert row["verdict"] == expected
     assert row["command"] == "linvit eval"
     assert "difference" in row["ours"] and "3 seed(s)" in row["ours"]
+
+
+def test_generated_docs_sections_replace_only_their_own_markers(tmp_path):
+    """The results tables in hand-written pages are rewritten between their markers, nothing else; a page
+    that lost its markers stops the publishing script instead of being left stale."""
+    from linvit.reproduce.report import replace_between
+
+    page = tmp_path / "results.md"
+    page.write_text("intro\n<!-- a:begin -->\nold a\n<!-- a:end -->\nmiddle\n<!-- b:begin -->\nold b\n<!-- b:end -->\n")
+    replace_between(page, "<!-- a:begin -->", "<!-- a:end -->", "<!-- a:begin -->\nnew a\n<!-- a:end -->")
+    assert page.read_text() == (
+        "intro\n<!-- a:begin -->\nnew a\n<!-- a:end -->\nmiddle\n<!-- b:begin -->\nold b\n<!-- b:end -->\n"
+    )
+    with pytest.raises(SystemExit, match="no <!-- c:begin -->"):
+        replace_between(page, "<!-- c:begin -->", "<!-- c:end -->", "x")

@@ -14,6 +14,16 @@ from .figures import curves_figure, erf_figure, learning_curves_figure, maps_fig
 from .plan import Recipe, Stage
 
 
+def replace_between(path: Path, begin: str, end: str, section: str) -> None:
+    """Replace the text of a generated docs section from begin to end (markers included; section carries them
+    again), so that tables in hand-written pages come from a command's JSON; a page without them is an error."""
+    text = path.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path}: no {begin} ... {end} markers to replace")
+    head, rest = text.split(begin, 1)
+    path.write_text(head + section + rest.split(end, 1)[1])
+
+
 def _row(cells: list) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
