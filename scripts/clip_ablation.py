@@ -30,8 +30,11 @@ from linvit_cli import run_command
 BEGIN, END = "<!-- clip:begin -->", "<!-- clip:end -->"
 
 
-def plan(out: str, tasks: list[str], families: list[str], seeds: list[int], clips: list[float]) -> list[Stage]:
-    """reproduce --full's training stage of each (task, family, seed), once per clip value (0 = none)."""
+def plan(
+    out: str, tasks: list[str], families: list[str], seeds: list[int], clips: list[float], threads: int
+) -> list[Stage]:
+    """reproduce --full's training stage of each (task, family, seed), once per clip value (0 = none), on
+    a fixed number of CPU threads (the float rounding, hence the run, depends on it)."""
     stages = []
     for clip in clips:
         planner = Planner(f"{out}/clip{clip:g}", "cpu", RECIPES["full"])
@@ -39,7 +42,7 @@ def plan(out: str, tasks: list[str], families: list[str], seeds: list[int], clip
             for family in families:
                 for seed in seeds:
                     stage = planner.train(TASKS[task], family, seed)
-                    argv = stage.argv + (["--clip-grad", str(clip)] if clip else [])
+                    argv = [*stage.argv, "--threads", str(threads)] + (["--clip-grad", str(clip)] if clip else [])
                     outputs = [f"clip{clip:g}/{path}" for path in stage.outputs]
                     info = {**stage.info, "clip": clip}
                     stages.append(Stage(f"clip{clip:g}/{stage.name}", argv, outputs, stage.est_s, info))
@@ -154,13 +157,14 @@ def main() -> None:
     parser.add_argument("--families", default="softmax,pure,linear", help="reproduce families, comma-separated")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--clips", default="0,5", help="--clip-grad values; 0 = none (the protocol)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per run (run families in parallel)")
     parser.add_argument("--publish", default=None, help="docs folder for ablation.json, the figure and the table")
     parser.add_argument("--report-only", action="store_true", help="summarise the runs finished so far")
     args = parser.parse_args()
     out = Path(args.out)
     tasks, families = args.tasks.split(","), args.families.split(",")
     seeds, clips = [int(s) for s in args.seeds.split(",")], sorted({float(c) for c in args.clips.split(",")})
-    stages = plan(str(out), tasks, families, seeds, clips)
+    stages = plan(str(out), tasks, families, seeds, clips, args.threads)
     if not args.report_only:
         run_stages(out, stages, run_command)
     finished = recorded_timings(out, stages)
@@ -174,6 +178,7 @@ def main() -> None:
             ("tasks", args.tasks),
             ("families", args.families),
             ("seeds", args.seeds),
+            ("threads", args.threads),
             ("clips", args.clips),
         )  # fmt: skip
     )
