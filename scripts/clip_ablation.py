@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from linvit.reproduce.claims import interval
@@ -95,7 +96,8 @@ def table(summary: dict) -> str:
         f"seeds {', '.join(map(str, summary['seeds']))}, without gradient clipping (the protocol) and with "
         f'`--clip-grad`; final val top-1, mean [95% t-interval over seeds]; "largest fall" is the biggest drop '
         'of val top-1 from one epoch to the next, "max grad norm" the largest gradient norm before clipping '
-        f"(per seed). Reproduce: `{summary['command']}`.",
+        f"(per seed). Every run's `linvit train` command: [sweeps/clip/commands.txt](sweeps/clip/commands.txt); "
+        f"this table: `{summary['command']}`.",
         "",
         "| task | family | clip | final val top-1 | per seed | largest fall per seed | max grad norm per seed "
         "| clip - none (paired) | clipping helps |",
@@ -172,16 +174,7 @@ def main() -> None:
     records = [run_record(out, s) for s in stages if s.name in finished]
     if not records:
         raise SystemExit("no run has finished yet: nothing to summarise")
-    command = "python scripts/clip_ablation.py " + " ".join(
-        f"--{k} {v}"
-        for k, v in (
-            ("tasks", args.tasks),
-            ("families", args.families),
-            ("seeds", args.seeds),
-            ("threads", args.threads),
-            ("clips", args.clips),
-        )  # fmt: skip
-    )
+    command = "python scripts/clip_ablation.py " + " ".join(sys.argv[1:])  # as it was typed
     summary = {"command": command, "seeds": seeds, "rows": summarise(records, clips), "runs": records}
     (out / "ablation.json").write_text(json.dumps(summary, indent=1))
     print(table(summary))
