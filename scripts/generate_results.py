@@ -177,7 +177,7 @@ def samples_figure(out: Path, path: Path, mixers: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/generate-results")
-    parser.add_argument("--seeds", default="0,1", help="training seeds, comma-separated")
+    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
     parser.add_argument("--epochs", type=int, default=80)
     parser.add_argument("--mixers", default=",".join(MIXERS), help="mixers to run (empty: the classifier only)")
     parser.add_argument("--publish", default=None, help="docs folder to write results.json, figure and table into")
