@@ -78,7 +78,7 @@ def summarise(records: list[dict], clips: list[float]) -> list[dict]:
             if not runs:
                 continue
             row = {"task": task, "family": family, "clip": clip, "seeds": sorted(runs)}
-            row["final_val"] = mean_interval([r["final_val"] for r in runs.values()])
+            row["final_val"] = mean_interval([runs[s]["final_val"] for s in sorted(runs)])  # values in seed order
             row["largest_fall"] = [runs[s]["largest_fall"] for s in sorted(runs)]
             row["grad_norm_max"] = [max(runs[s]["grad_norm_max_curve"]) for s in sorted(runs)]
             if clip and by_clip.get(0.0):
