@@ -277,3 +277,23 @@ def test_ddim_clips_its_clean_image_estimate_to_the_pixel_range_only_when_asked(
     clipped = ddim_sample(WildNoise(), labels, (1, 8, 8), steps=5, generator=torch.Generator().manual_seed(0))
     free = ddim_sample(WildNoise(), labels, (1, 8, 8), steps=5, generator=torch.Generator().manual_seed(0), clip=False)
     assert clipped.abs().max() <= 1 + 1e-6 and free.abs().max() > 2
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path):
+    """generate sample writes its grid and arrays through atomic_write: a kill (here, an error) part-way leaves
+    the previous file as it was, never a torn one that looks finished."""
+    from linvit.utils.checkpoint import atomic_write
+
+    target = tmp_path / "grid.npz"
+    np.savez_compressed(target, images=np.zeros(3))
+
+    def torn(tmp):
+        tmp.write_bytes(b"half a fil")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, torn)
+    assert np.load(target)["images"].tolist() == [0, 0, 0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.npz"]
+    atomic_write(target, lambda tmp: np.savez_compressed(tmp, images=np.ones(2)))  # the suffix picks the format
+    assert np.load(target)["images"].tolist() == [1, 1] and sorted(p.name for p in tmp_path.iterdir()) == ["grid.npz"]

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from ..distributed import resolve_device
 from ..errors import UsageError
 from ..models import create_dit
+from ..utils.checkpoint import atomic_write
 from .diffusion import ddim_sample
 from .latent import LatentCodec
 
@@ -90,7 +91,10 @@ def run_generate_sample(args) -> torch.Tensor:
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_image(images, out, nrow=max(1, min(len(classes), args.num)) if len(classes) > 1 else 8, padding=1)
-    np.savez_compressed(out.with_suffix(".npz"), images=images.numpy(), labels=labels.cpu().numpy())
+    # a kill leaves the old files or none, never a torn one; re-running reproduces them (seeded)
+    arrays = dict(images=images.numpy(), labels=labels.cpu().numpy())
+    atomic_write(out.with_suffix(".npz"), lambda tmp: np.savez_compressed(tmp, **arrays))
+    nrow = max(1, min(len(classes), args.num)) if len(classes) > 1 else 8
+    atomic_write(out, lambda tmp: save_image(images, tmp, nrow=nrow, padding=1))
     print(f"wrote {out} ({args.num} samples of classes {classes}, {args.steps} DDIM steps, guidance {args.guidance})")
     return images

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from ..data.digit_tasks import digits_split, is_digits_spec
 from ..distributed import resolve_device
 from ..errors import UsageError
+from ..utils.checkpoint import atomic_write_text
 from .sample import load_generator, run_codec, sample_images
 
 
@@ -121,5 +122,5 @@ def run_generate_score(args) -> dict:
     )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        atomic_write_text(json.dumps(result, indent=2), Path(args.json))  # a kill never leaves half a JSON
     return result
