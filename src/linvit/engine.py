@@ -19,6 +19,7 @@ import yaml
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from .distributed import all_reduce_sum, all_reduce_tensor, barrier
@@ -256,6 +257,25 @@ def gather_rng(world: int) -> list[dict]:
     gathered: list = [None] * world
     dist.all_gather_object(gathered, states)
     return gathered
+
+
+def train_loader(train_set, args, rank: int, world: int, collate_fn=None, pin_memory: bool = False):
+    """(sampler, loader): this rank's shuffled shard of the training set (seeded by args.seed; the sampler's
+    set_epoch reshuffles) in full batches, since DDP needs the same step count on every rank. A set smaller
+    than one global batch is a usage error."""
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        drop_last=True,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+    )
+    if len(loader) == 0:
+        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+    return sampler, loader
 
 
 def wrap_ddp(model: nn.Module, world: int, device: torch.device) -> nn.Module:

@@ -17,13 +17,22 @@ import torch.nn as nn
 from timm.data import Mixup, create_transform, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
 from .conversion import convert_if_asked
 from .data import collate_images
 from .data.augment import fix_posterize
 from .distributed import all_reduce_sum, cleanup, init_distributed
-from .engine import resume_run, run_epochs, train_pass, training_recipe, training_state, wrap_ddp, write_run_config
+from .engine import (
+    resume_run,
+    run_epochs,
+    train_loader,
+    train_pass,
+    training_recipe,
+    training_state,
+    wrap_ddp,
+    write_run_config,
+)
 from .errors import UsageError
 from .evaluate import autocast, class_count, eval_loader, evaluate, image_split
 from .models import create_variant
@@ -64,24 +73,6 @@ def run_train(args) -> list[dict]:
         cleanup()
 
 
-def _train_loader(train_set: Dataset, args, rank: int, world: int, device: torch.device):
-    """This rank's shard of the training set, in full batches (DDP needs the same step count on every rank)."""
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(
-        train_set,
-        batch_size=args.batch_size,
-        sampler=sampler,
-        num_workers=args.workers,
-        drop_last=True,
-        collate_fn=collate_images,
-        pin_memory=device.type == "cuda",
-        persistent_workers=False,
-    )
-    if len(loader) == 0:
-        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
-    return sampler, loader
-
-
 def _mixup_and_criterion(args, num_classes: int) -> tuple[Mixup | None, nn.Module]:
     """DeiT's targets: Mixup/CutMix with soft-target cross-entropy, else (smoothed) cross-entropy."""
     if args.mixup > 0 or args.cutmix > 0:
@@ -119,7 +110,7 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     model.to(device)
     global_batch = args.batch_size * world
     lr = args.lr if args.lr is not None else args.base_lr * global_batch / 512
-    sampler, loader = _train_loader(train_set, args, rank, world, device)
+    sampler, loader = train_loader(train_set, args, rank, world, collate_images, pin_memory=device.type == "cuda")
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world)
     optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device, lr)
     mixup, criterion = _mixup_and_criterion(args, num_classes)

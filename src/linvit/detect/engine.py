@@ -14,11 +14,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from ..distributed import cleanup, init_distributed, is_distributed
-from ..engine import resume_run, run_epochs, train_pass, training_recipe, training_state, wrap_ddp, write_run_config
+from ..engine import (
+    resume_run,
+    run_epochs,
+    train_loader,
+    train_pass,
+    training_recipe,
+    training_state,
+    wrap_ddp,
+    write_run_config,
+)
 from ..errors import UsageError
 from ..evaluate import autocast, eval_loader, load_weights, write_json
 from ..utils import output_dir
@@ -107,17 +115,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     train_set, val_set = dataset(args, args.train_split, True), dataset(args, args.val_split, False)
     if train_set.category_ids != val_set.category_ids:
         raise UsageError(f"train and val categories differ: {train_set.category_ids} vs {val_set.category_ids}")
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(
-        train_set,
-        batch_size=args.batch_size,
-        sampler=sampler,
-        num_workers=args.workers,
-        drop_last=True,
-        collate_fn=collate_detection,
-    )
-    if len(loader) == 0:
-        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+    sampler, loader = train_loader(train_set, args, rank, world, collate_detection)
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_detection)
     model = build_detector(args, train_set.num_classes).to(device)
     optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)

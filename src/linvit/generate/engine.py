@@ -13,11 +13,20 @@ from pathlib import Path
 
 import torch
 from timm.utils import ModelEmaV3
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from ..data.digit_tasks import digits_split, is_digits_spec
 from ..distributed import all_reduce_sum, cleanup, init_distributed
-from ..engine import resume_run, run_epochs, train_pass, training_recipe, training_state, wrap_ddp, write_run_config
+from ..engine import (
+    resume_run,
+    run_epochs,
+    train_loader,
+    train_pass,
+    training_recipe,
+    training_state,
+    wrap_ddp,
+    write_run_config,
+)
 from ..errors import UsageError
 from ..evaluate import autocast
 from ..models import create_dit
@@ -110,12 +119,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     seed_everything(args.seed)
     train_set = PixelImages(args.data, "train", args.img_size)
     val_set = PixelImages(args.data, "val", args.img_size)
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(
-        train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers, drop_last=True
-    )
-    if len(loader) == 0:
-        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+    sampler, loader = train_loader(train_set, args, rank, world)
     val_shard = torch.utils.data.Subset(val_set, list(range(rank, min(len(val_set), args.val_images), world)))
     val_loader = DataLoader(val_shard, batch_size=args.batch_size, num_workers=args.workers)
     codec = LatentCodec(args.vae).to(device) if args.vae else None

@@ -14,12 +14,20 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from ..conversion import convert_if_asked
 from ..distributed import all_reduce_tensor, cleanup, init_distributed
-from ..engine import resume_run, run_epochs, train_pass, training_recipe, training_state, wrap_ddp, write_run_config
+from ..engine import (
+    resume_run,
+    run_epochs,
+    train_loader,
+    train_pass,
+    training_recipe,
+    training_state,
+    wrap_ddp,
+    write_run_config,
+)
 from ..errors import UsageError
 from ..evaluate import autocast, eval_loader, load_backbone, load_weights, write_json
 from ..utils import compile_model, output_dir
@@ -71,17 +79,7 @@ def _loaders(args, rank: int, world: int, device):
     crop = tuple(args.crop_size) if len(args.crop_size) == 2 else (args.crop_size[0], args.crop_size[0])
     train_set = SegmentationDataset(train_split, train_transform(crop, tuple(args.scale), args.hflip))
     val_set = SegmentationDataset(val_split, EvalTransform(args.img_size))
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(
-        train_set,
-        batch_size=args.batch_size,
-        sampler=sampler,
-        num_workers=args.workers,
-        drop_last=True,
-        pin_memory=device.type == "cuda",
-    )
-    if len(loader) == 0:
-        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {args.batch_size} x {world}")
+    sampler, loader = train_loader(train_set, args, rank, world, pin_memory=device.type == "cuda")
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_pairs)
     return train_split, loader, sampler, val_loader
 
