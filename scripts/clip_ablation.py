@@ -1,7 +1,7 @@
 """Does gradient clipping stop the training collapses of Linear-InfSA and pure InfSA? (reproduce's recipe)
 
 `linvit reproduce --full` trains every family with one recipe that has no gradient clipping (DeiT's). Its val
-curves show Linear-InfSA losing 30-40 points within one epoch after warm-up in 2 of 3 digit seeds, and
+curves show Linear-InfSA losing 26-31 points within one epoch after warm-up in 2 of 3 digit seeds, and
 metrics.jsonl's grad_norm_max shows a gradient spike in the same epoch. This script trains the reproduce
 protocol's exact runs (linvit.reproduce.plan) once without clipping and once with `--clip-grad C`, for each
 family and seed, and compares them seed by seed (paired, 95% t-interval):
