@@ -17,8 +17,9 @@ from timm.layers import register_notrace_module
 
 from ..errors import UsageError
 from ..ops import katz_infsa, linear_infsa, pure_infsa
-from ..ops.common import no_autocast
+from ..ops.common import accumulation_dtype, merges_with_next, no_autocast, products_dtype
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
+from ..ops.katz import feature_map as katz_feature_map
 from ..ops.katz import katz_factors, katz_features, katz_mixing, katz_token_sums
 from .graph_capture import call_eagerly, is_fx_tracing, stateless_call
 
@@ -324,22 +325,33 @@ class KatzInfSAAttention(_InfSABase):
         if not torch.jit.is_scripting():
             with no_autocast(v):
                 fq, mixing = katz_factors(q, k, v, self.gamma, self.eps, self.feature_map)
-            return self.proj_drop(self.project_mixed(fq, mixing, q.dtype))
+                return self.proj_drop(self.project_mixed(q, mixing, fq))
         fq, mixing = katz_factors(q, k, v, self.gamma, self.eps, self.feature_map)
-        return self.proj_drop(self.project_mixed(fq, mixing, q.dtype))
+        return self.proj_drop(self.project_mixed(q, mixing, fq))
 
-    def project_mixed(self, fq: torch.Tensor, mixing: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """proj(merge_heads(fq @ mixing)) as tokens (B, N, H*d) @ (X W_proj^T per head, stacked) + b, in dtype.
+    def project_mixed(self, q: torch.Tensor, mixing: torch.Tensor, fq: torch.Tensor | None = None) -> torch.Tensor:
+        """proj(merge_heads(phi(q) @ mixing)) in q's dtype, as tokens (B, N, H*d) @ (X W_proj^T per head,
+        stacked) + b (call with autocast off).
 
-        X W_proj^T is (B, H, d, C): H*d*D*C multiply-adds per image, against N*C*D for fq @ X."""
-        B, H, N, d = fq.shape
+        X W_proj^T is (B, H, d, C): H*d*D*C multiply-adds per image, against N*C*D for fq @ X. The token
+        features fq of the sums are used where they are token-major in q's dtype; otherwise (head-major, or
+        upcast) they are taken from q again, token-major like q, which costs what one transposing copy would."""
+        B, H, N, d = q.shape
+        if fq is None or fq.dtype != q.dtype or not merges_with_next(fq.transpose(1, 2), 2):
+            fq = self.token_features(q)
+        tokens = fq.transpose(1, 2).reshape(B, N, H * d)  # a view: fq is token-major
         weight = self.proj.weight.view(-1, H, mixing.shape[-1]).permute(1, 2, 0)  # (H, D, C_out)
-        folded = (mixing @ weight.to(mixing.dtype)).reshape(B, H * d, -1).to(dtype)  # (B, H*d, C_out)
-        tokens = fq.transpose(1, 2).reshape(B, N, H * d).to(dtype)  # a view when fq is token-major
+        folded = (mixing @ weight.to(mixing.dtype)).reshape(B, H * d, -1).to(q.dtype)  # (B, H*d, C_out)
         bias = self.proj.bias
         if bias is None:
             return torch.bmm(tokens, folded)
-        return torch.baddbmm(bias.to(dtype), tokens, folded)
+        return torch.baddbmm(bias.to(q.dtype), tokens, folded)
+
+    def token_features(self, q: torch.Tensor) -> torch.Tensor:
+        """phi(q) / c in q's dtype and layout (token-major for q from the qkv projection)."""
+        if self.feature_map == "relu":
+            return torch.relu(q)  # exact in any dtype
+        return katz_feature_map(q.to(accumulation_dtype(q)), self.feature_map).to(q.dtype)
 
     def streamed_mixing(self, chunks) -> torch.Tensor:
         """First pass of the token-streamed form: X (B, H, d, D) from token sums accumulated over the
@@ -348,7 +360,8 @@ class KatzInfSAAttention(_InfSABase):
         for xc in chunks:
             q, k, v = self.project_qkv(xc)
             with no_autocast(v):
-                (fq, c2), (fk, _) = katz_features(q, self.feature_map), katz_features(k, self.feature_map)
+                dtype = products_dtype(q)
+                (fq, c2), (fk, _) = katz_features(q, self.feature_map, dtype), katz_features(k, self.feature_map, dtype)
                 part = katz_token_sums(fq, fk, v)
             sums = part if sums is None else tuple(a + b for a, b in zip(sums, part, strict=True))
         with no_autocast(sums[0]):
@@ -360,8 +373,8 @@ class KatzInfSAAttention(_InfSABase):
         bias = None if self.qkv.bias is None else self.qkv.bias[:C]
         q = self.q_norm(F.linear(x, self.qkv.weight[:C], bias).reshape(B, n, self.num_heads, -1).transpose(1, 2))
         with no_autocast(q):
-            fq = katz_features(q, self.feature_map)[0]
             if isinstance(self.norm, nn.Identity):
-                return self.project_mixed(fq, mixing, q.dtype)
-            out = fq @ mixing
+                return self.project_mixed(q, mixing)
+            fq = katz_features(q, self.feature_map, products_dtype(q))[0]
+            out = fq @ mixing.to(fq.dtype)
         return self.merge_heads(out.to(q.dtype))

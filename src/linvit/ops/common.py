@@ -36,6 +36,73 @@ def accumulation_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+# Devices whose matrix products take half inputs and return float32 sums (torch's out_dtype overloads of bmm;
+# CPU has none). There token products stay in half precision: tensor cores, no float32 copies of Q, K, V.
+FLOAT32_SUM_DEVICES = ("cuda", "xpu")
+_OUT_DTYPE_KERNELS = ("cuda", "xpu", "meta")  # where that overload exists (meta: shapes and dtypes only)
+
+
+def products_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype token-by-feature products of t run in: t's half dtype where the device sums half products
+    in float32 (FLOAT32_SUM_DEVICES), otherwise the accumulation dtype (half inputs are upcast once)."""
+    if not torch.jit.is_scripting():  # scripted graphs upcast (TorchScript cannot read module-level tuples)
+        if t.dtype in HALF_DTYPES and t.device.type in FLOAT32_SUM_DEVICES:
+            return t.dtype
+    return accumulation_dtype(t)
+
+
+def merges_with_next(t: torch.Tensor, dim: int) -> bool:
+    """Whether dims dim and dim + 1 of t flatten into one as a view (no copy)."""
+    return t.shape[dim] == 1 or t.shape[dim + 1] == 1 or t.stride(dim) == t.shape[dim + 1] * t.stride(dim + 1)
+
+
+def as_batched(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, H, N, x) t in dtype, laid out so that (B, H) flattens into one batch dimension without a copy: a
+    batched product then reads it as it is. Q, K, V arrive as token-major views of the qkv projection, which
+    every 4-D matmul would copy again (batch 1 merges as they are, so there t stays a view)."""
+    if t.dtype != dtype:
+        return t.to(dtype, memory_format=torch.contiguous_format)  # the cast makes the copy
+    if not merges_with_next(t, 0):
+        return t.contiguous()
+    return t
+
+
+def sum_over_tokens(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^T b summed over the token axis of (B, H, N, x) and (B, H, N, y) tensors: (B, H, x, y) in the
+    accumulation dtype. Half inputs multiply in half and add in float32 (HalfProductsFloat32Sum); pass
+    contiguous tensors and the batched product reads them without a copy."""
+    if not torch.jit.is_scripting():  # scripted graphs get upcast features (products_dtype)
+        if a.dtype in HALF_DTYPES:
+            summed = HalfProductsFloat32Sum.apply(a.flatten(0, 1).transpose(1, 2), b.flatten(0, 1))
+            return summed.unflatten(0, (a.shape[0], a.shape[1]))
+    return a.transpose(-2, -1) @ b
+
+
+class HalfProductsFloat32Sum(torch.autograd.Function):
+    """bmm(a, b) of half tensors with float32 accumulation and a float32 result (each half product is exact in
+    float32). On CUDA/XPU torch's bmm(out_dtype=float32) does it on tensor cores; elsewhere an upcast gives the
+    same numbers. torch has no derivative for the out_dtype overload, hence this Function: the backward
+    products contract the small (x, y) axes, so they run in the inputs' half dtype, as autocast would."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        if a.device.type in _OUT_DTYPE_KERNELS:
+            return torch.bmm(a, b, out_dtype=torch.float32)
+        return torch.bmm(a.float(), b.float())
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        a, b = ctx.saved_tensors
+        grad = grad.to(a.dtype)
+        grad_a = torch.bmm(grad, b.transpose(1, 2)) if ctx.needs_input_grad[0] else None
+        grad_b = torch.bmm(a.transpose(1, 2), grad) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+
+
 def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
     """The dtype autocast computes matmuls in on t's device, or None when autocast is off (or unknown there,
     or in a scripted graph: TorchScript cannot read the autocast state)."""

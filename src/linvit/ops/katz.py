@@ -16,7 +16,16 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
+from .common import (
+    GammaLike,
+    accumulation_dtype,
+    as_batched,
+    check_qkv,
+    gamma_as_tensor,
+    no_autocast,
+    products_dtype,
+    sum_over_tokens,
+)
 
 
 def feature_map(t: torch.Tensor, kind: str = "relu") -> torch.Tensor:
@@ -29,16 +38,17 @@ def feature_map(t: torch.Tensor, kind: str = "relu") -> torch.Tensor:
     raise ValueError(f"feature_map must be 'relu' or 'elu+1', got '{kind}'")
 
 
-def katz_features(t: torch.Tensor, kind: str = "relu") -> tuple[torch.Tensor, float]:
-    """f and c^2 with phi(t) = c f, in the accumulation dtype.
+def katz_features(t: torch.Tensor, kind: str = "relu", dtype: torch.dtype | None = None) -> tuple[torch.Tensor, float]:
+    """f and c^2 with phi(t) = c f, (B, H, N, d) in dtype (default: the accumulation dtype), laid out for
+    batched products (as_batched: one copy at most, where each token sum would otherwise copy t again).
 
-    ReLU is positively homogeneous, so its 1/sqrt(d) stays in the scalar c^2 = 1/d and the N-sized
-    factor is never rescaled; ELU + 1 is not, so there c = 1.
+    ReLU is positively homogeneous, so its 1/sqrt(d) stays in the scalar c^2 = 1/d and the N-sized factor
+    is never rescaled; ELU + 1 is not, so there c = 1.
     """
-    acc = accumulation_dtype(t)
+    t = as_batched(t, accumulation_dtype(t) if dtype is None else dtype)
     if kind == "relu":
-        return torch.relu(t.to(acc)), 1.0 / t.shape[-1]
-    return feature_map(t.to(acc), kind), 1.0
+        return torch.relu(t), 1.0 / t.shape[-1]
+    return feature_map(t, kind), 1.0
 
 
 def _norm_ratio(gram_q: torch.Tensor, gram_k: torch.Tensor, eps: float, c2: float) -> torch.Tensor:
@@ -53,7 +63,7 @@ def _norm_ratio(gram_q: torch.Tensor, gram_k: torch.Tensor, eps: float, c2: floa
 def _factors(q: torch.Tensor, k: torch.Tensor, eps: float, kind: str):
     """fq, fk with phi = c f and r = c^2 / s, shape (B, H, 1, 1)."""
     (fq, c2), (fk, _) = katz_features(q, kind), katz_features(k, kind)
-    return fq, fk, _norm_ratio(fq.transpose(-2, -1) @ fq, fk.transpose(-2, -1) @ fk, eps, c2)
+    return fq, fk, _norm_ratio(sum_over_tokens(fq, fq), sum_over_tokens(fk, fk), eps, c2)
 
 
 # fq^T fq, fk^T fk, fk^T fq, fk^T v (see katz_token_sums)
@@ -69,12 +79,13 @@ def _eye_minus(m: torch.Tensor) -> torch.Tensor:
 
 
 def katz_token_sums(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor) -> KatzSums:
-    """The four d x d / d x D token sums Katz-InfSA needs: fq^T fq, fk^T fk, fk^T fq, fk^T v.
+    """The four d x d / d x D token sums Katz-InfSA needs, fq^T fq, fk^T fk, fk^T fq, fk^T v, in the
+    accumulation dtype (features from katz_features; half ones multiply in half, see sum_over_tokens).
 
     They add over token chunks, so a streaming pass can accumulate them chunk by chunk.
     """
-    fkt = fk.transpose(-2, -1)
-    return fq.transpose(-2, -1) @ fq, fkt @ fk, fkt @ fq, fkt @ v.to(fq.dtype)
+    v = as_batched(v, fq.dtype)
+    return sum_over_tokens(fq, fq), sum_over_tokens(fk, fk), sum_over_tokens(fk, fq), sum_over_tokens(fk, v)
 
 
 def katz_mixing(sums: KatzSums, gamma: GammaLike, eps: float, c2: float) -> torch.Tensor:
@@ -116,7 +127,8 @@ def katz_infsa(
 ) -> torch.Tensor:
     """sum_{t>=1} gamma^t A^^t v exactly, A^ = phi(Q) phi(K)^T / (||.||_F + eps); (B, H, N, D) -> same.
 
-    The d x d solve and the norm run in float32 (float64 for float64 inputs) even under autocast.
+    The d x d solve, the norm and every sum over tokens run in float32 (float64 for float64 inputs) even under
+    autocast; token products stay in half precision where the device sums them in float32 (products_dtype).
     Degenerate inputs (phi(Q) or phi(K) all zero) give a zero output, never NaN.
     """
     check_qkv(q, k, v)
@@ -128,20 +140,23 @@ def katz_infsa(
 
 def _katz_infsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, feature_map: str):
     fq, mixing = katz_factors(q, k, v, gamma, eps, feature_map)
-    return (fq @ mixing).to(v.dtype)
+    return (fq @ mixing.to(fq.dtype)).to(v.dtype)
 
 
 def katz_factors(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, feature_map: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """f = phi(q) / c (B, H, N, d) and the mixing X (B, H, d, D), with katz_infsa(q, k, v) = f X, in the
-    accumulation dtype (call with autocast off). Layers that fold X into their output projection use these."""
-    (fq, c2), (fk, _) = katz_features(q, feature_map), katz_features(k, feature_map)
+    """f = phi(q) / c (B, H, N, d) in products_dtype(q) and the mixing X (B, H, d, D) in the accumulation
+    dtype, with katz_infsa(q, k, v) = f X (call with autocast off). Layers that fold X into their output
+    projection use these."""
+    dtype = products_dtype(q)
+    (fq, c2), (fk, _) = katz_features(q, feature_map, dtype), katz_features(k, feature_map, dtype)
     by_tokens = True
     if not torch.jit.is_scripting():  # exported graphs keep the d x d form: any N, a symbolic one never guarded
         by_tokens = not torch.compiler.is_exporting()
-    if by_tokens and fq.shape[-2] <= fq.shape[-1]:
-        return fq, katz_mixing_by_tokens(fq, fk, v, gamma, eps, c2)
+    if by_tokens and fq.shape[-2] <= fq.shape[-1]:  # N <= d tokens: an N x N system, small enough for float32
+        acc = accumulation_dtype(q)
+        return fq, katz_mixing_by_tokens(fq.to(acc), fk.to(acc), v, gamma, eps, c2)
     return fq, katz_mixing(katz_token_sums(fq, fk, v), gamma, eps, c2)
 
 
