@@ -48,6 +48,18 @@ SUITES: dict[str, dict] = {
         warmup=2,
         reference=["linear_infvit_4l_patch16_224"],
     ),
+    # issue 22 item 11: a bf16-autocast training step at batch 8, where the token sums read Q, K, V laid out
+    # once (each 4-D product used to copy its operands again; batch 1 has nothing to copy)
+    "katz_batched": dict(
+        models=["linear_infvit_4l_patch16_224", "katz_infvit_4l_patch16_224"],
+        res=[512],
+        batch=[8],
+        mode="train",
+        dtype="bf16",
+        iters=5,
+        warmup=2,
+        reference=["linear_infvit_4l_patch16_224"],
+    ),
     # the reproduce protocol's scale (32 px, patch 8: 17 tokens, width 192): a training step (forward + backward)
     # of batch 64 per 4-layer model, where Katz-InfSA solves the N x N system (N <= d = 64)
     "few_tokens": dict(
