@@ -164,6 +164,22 @@ def test_katz_layer_half_products_match_the_upcast_path(half_products_on, monkey
     assert half[0] <= 1.05 * upcast[0] and half[1] <= 1.1 * upcast[1]
 
 
+def test_katz_layer_half_products_compile_in_one_graph(half_products_on):
+    """torch.compile traces HalfProductsFloat32Sum without a graph break, forward and backward (its CPU
+    emulation here; the out_dtype kernel on CUDA in the test below)."""
+    torch.manual_seed(0)
+    layer = KatzInfSAAttention(64, num_heads=2, qkv_bias=True)
+    eager = copy.deepcopy(layer)
+    x = torch.randn(2, 1024, 64) + 0.3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(layer, fullgraph=True)(x)
+        expected = eager(x)
+    out.float().square().sum().backward()
+    expected.float().square().sum().backward()
+    assert out.dtype == torch.bfloat16
+    assert _rel(out, expected) < 1e-3 and _rel(layer.qkv.weight.grad, eager.qkv.weight.grad) < 1e-2
+
+
 @needs_cuda
 def test_katz_op_under_cuda_autocast_adds_little_to_the_output_rounding():
     q, k, v = ((torch.randn(1, 2, N, 32, device="cuda") + 0.3).bfloat16() for _ in range(3))
