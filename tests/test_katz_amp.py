@@ -23,6 +23,9 @@ from linvit.ops.common import HalfProductsFloat32Sum, sum_over_tokens
 N = 2**18  # 262,144 tokens, as tests/test_precision.py
 HALF = [torch.bfloat16, torch.float16]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_meta_kernel = pytest.mark.skipif(
+    "meta" not in common.OUT_DTYPE_BMM_DEVICES, reason="this torch has no meta kernel for bmm(out_dtype=...)"
+)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -69,6 +72,7 @@ def test_half_products_sum_in_float32_with_half_gradients(dtype):
     assert _rel(b.grad, a.double().transpose(1, 2) @ grad) < 4e-3
 
 
+@needs_meta_kernel
 def test_half_products_use_the_out_dtype_overload_on_device_kernels():
     """On meta the real bmm(out_dtype=float32) runs (what CUDA runs), forward and backward."""
     a = torch.empty(4, 8, 1000, device="meta", dtype=torch.bfloat16, requires_grad=True)
@@ -87,6 +91,7 @@ def test_sum_over_tokens_of_half_tensors_is_float32(half_products_on):
     assert _rel(out, a.double().transpose(-2, -1) @ b.double()) < 1e-6
 
 
+@needs_meta_kernel
 @pytest.mark.parametrize("path", ["half products", "float32 upcast"])
 def test_katz_layer_keeps_token_tensors_in_half_where_sums_are_float32(path, monkeypatch):
     """The memory half of item 11: no float32 copy of Q, K, V (or of anything token-sized) in forward or backward,
@@ -183,6 +188,7 @@ def test_katz_layer_half_products_compile_in_one_graph(half_products_on):
 @needs_cuda
 def test_katz_op_under_cuda_autocast_adds_little_to_the_output_rounding():
     q, k, v = ((torch.randn(1, 2, N, 32, device="cuda") + 0.3).bfloat16() for _ in range(3))
+    assert common.products_dtype(q) == torch.bfloat16  # the half-products path, not the upcast
     reference = katz_infsa(q.double(), k.double(), v.double(), 0.9)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = katz_infsa(q, k, v, 0.9)

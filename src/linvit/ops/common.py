@@ -38,10 +38,21 @@ def accumulation_dtype(t: torch.Tensor) -> torch.dtype:
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
-# Devices whose matrix products take half inputs and return float32 sums (torch's out_dtype overloads of bmm;
-# CPU has none). There token products stay in half precision: tensor cores, no float32 copies of Q, K, V.
-FLOAT32_SUM_DEVICES = ("cuda", "xpu")
-_OUT_DTYPE_KERNELS = ("cuda", "xpu", "meta")  # where that overload exists (meta: shapes and dtypes only)
+
+def _has_out_dtype_bmm(dispatch_key: str) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key("aten::bmm.dtype", dispatch_key)
+    except RuntimeError:  # a torch without the overload
+        return False
+
+
+# Devices whose bmm takes half inputs and returns float32 sums in this torch build (torch's out_dtype overload:
+# CUDA since torch 2.8, XPU in later builds; meta computes its shapes and dtypes). CPU has none.
+OUT_DTYPE_BMM_DEVICES = tuple(
+    d for d, key in (("cuda", "CUDA"), ("xpu", "XPU"), ("meta", "Meta")) if _has_out_dtype_bmm(key)
+)
+# Where token products therefore stay in half precision: tensor cores, no float32 copies of Q, K, V.
+FLOAT32_SUM_DEVICES = tuple(d for d in OUT_DTYPE_BMM_DEVICES if d != "meta")
 
 
 def products_dtype(t: torch.Tensor) -> torch.dtype:
@@ -89,7 +100,7 @@ class HalfProductsFloat32Sum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(a, b)
-        if a.device.type in _OUT_DTYPE_KERNELS:
+        if a.device.type in OUT_DTYPE_BMM_DEVICES:
             return torch.bmm(a, b, out_dtype=torch.float32)
         return torch.bmm(a.float(), b.float())
 
