@@ -21,9 +21,9 @@ fi
 out=${OUT_DIR:-docs/bench/gpu_h200}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt" || true
-# the tests that need CUDA kernels (tests/test_katz_amp.py: Katz-InfSA's half products with float32 sums, eager
-# and compiled; about a minute), once per output folder, kept beside the tables
+# the tests that need CUDA kernels (tests/test_katz_amp.py -k cuda: Katz-InfSA's half products with float32 sums,
+# eager and compiled; about a minute), once per output folder, kept beside the tables
 if [ ! -f "$out/cuda_tests.txt" ]; then
-  python -m pytest -q -rs tests/test_katz_amp.py 2>&1 | tee "$out/cuda_tests.txt" || true
+  timeout 300 python -m pytest -q -rs -k cuda tests/test_katz_amp.py 2>&1 | tee "$out/cuda_tests.txt" || true
 fi
 exec linvit bench --suite "$suite" --device cuda --dtype bf16 --out "$out" "$@"
