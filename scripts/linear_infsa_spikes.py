@@ -64,6 +64,7 @@ class Recorder:
                 {
                     "smallest_positive_sum": positive.min().item() if positive.numel() else None,
                     "dead_share": (total == 0).float().mean().item(),
+                    "dead_by_head": (total == 0).float().mean(0).tolist(),  # share of the batch, per head
                 }
             )
 
