@@ -9,23 +9,25 @@ The one thing the interface cannot carry is pure InfSA's per-query normaliser un
 normalised over the squared score rows of the queries it sees (linvit.ops.infsa.masked_row_norms), so an
 incremental step needs the row norms of every earlier query, which no key/value cache holds. linvit keeps
 them beside the cache (one float32 per position, head and layer, attached to the Cache object by a pre-hook
-that sees the cache the layer is called with), checks before every step that the cache has not been cropped,
-reordered (beam search) or filled by another model, and refuses with a one-line error when it has.
+that sees the cache the layer is called with). Beam search's reorders (Cache.reorder_cache) reorder it too; a
+cache that was cropped, slides or was filled by another model no longer lines up with it, which every step
+checks by shapes alone (no device read), refusing in one line.
 Linear- and Katz-InfSA pool every token into one summary, which has no causal form: they refuse causal models.
 """
 
 from __future__ import annotations
 
 import math
+import types
 
 import torch
 import torch.nn as nn
 
 from ..errors import UsageError
-from ..ops.common import accumulation_dtype
-from ..ops.infsa import masked_row_norms
+from ..ops.infsa import masked_row_norms, row_square_sums, scaled_product
 
 ATTENTION_NAME = "linvit_pure_infsa"
+STATE = "_linvit_row_sq"  # the attribute of a Cache that holds each layer's squared score rows
 EPS = 1e-6
 CAUSAL_REFUSAL = (
     "{variant} pools every token into one summary, which has no causal form here: a causal language model "
@@ -126,7 +128,11 @@ def _keep_mask(attention_mask: torch.Tensor | None, module, q_len: int, kv_len: 
 
 def pure_infsa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention function: gamma * ReLU(q k^T / d) v / norm, with norm_i the Frobenius norm of the
-    score rows query i sees (the whole matrix without a mask). Returns (output (B, q, H, D), None)."""
+    score rows query i sees (the whole matrix without a mask). Returns (output (B, q, H, D), None).
+
+    The product with v and its scale run in float32 for float16 models (ops.infsa.scaled_product): position 0
+    of a causal model sees only itself, so about half the heads have no positive score there, and float16
+    cannot hold gamma / (norm + eps) for them."""
     if not hasattr(module, "infsa_theta"):  # a layer include/exclude left out: softmax attention, as before
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -134,41 +140,51 @@ def pure_infsa_attention(module, query, key, value, attention_mask, scaling=None
     heads, q_len, kv_len = query.shape[1], query.shape[2], key.shape[2]
     key, value = _repeat_heads(key, heads), _repeat_heads(value, heads)
     d = query.shape[-1]
-    scores = torch.relu(query @ key.transpose(-2, -1) / d)  # InfSA's q k^T / d (the spec), not softmax's scaling
+    scores = torch.relu_((query * (1.0 / d)) @ key.transpose(-2, -1))  # InfSA's q k^T / d, not softmax's scaling
     mask = _keep_mask(attention_mask, module, q_len, kv_len, query.device)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, 0.0)
-    acc = accumulation_dtype(scores)
-    row_sq = scores.to(acc).square().sum(-1)  # (B, H, q): float32 accumulation for half inputs
-    rows = _all_rows(module, row_sq, key, kv_len)
-    if mask is None:
-        everything = torch.ones(1, 1, q_len, kv_len, dtype=torch.bool, device=query.device)
-        norm = masked_row_norms(rows, everything)[..., None]  # the whole matrix's Frobenius norm
+    if mask is None:  # every query sees every row: the whole matrix's Frobenius norm
+        mask = torch.ones(1, 1, q_len, kv_len, dtype=torch.bool, device=query.device)
     else:
-        norm = masked_row_norms(rows, torch.broadcast_to(mask, scores.shape))[..., None]
-    gamma = torch.sigmoid(module.infsa_theta.to(acc)).view(1, heads, 1, 1)
-    scale = (gamma / (norm + EPS)).to(value.dtype)
+        scores = scores.masked_fill(~mask, 0.0)
+    rows = _all_rows(module, row_square_sums(scores), kv_len)  # (B, H, T): float32 sums for half inputs
+    norm = masked_row_norms(rows, mask)[..., None]  # the mask is shared by the heads: never copied per head
+    gamma = torch.sigmoid(module.infsa_theta.to(rows.dtype)).view(1, heads, 1, 1)
     probs = nn.functional.dropout(scores, dropout, training=module.training and dropout > 0)
-    return ((probs @ value) * scale).transpose(1, 2).contiguous(), None
+    return scaled_product(probs, value, gamma / (norm + EPS)).transpose(1, 2).contiguous(), None
 
 
-def _all_rows(module, row_sq: torch.Tensor, key: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """The squared score rows of every position 0..T-1: the earlier ones from the cache's state, then these."""
+def _all_rows(module, row_sq: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """The squared score rows of every position 0..T-1: the earlier ones from the cache's state, then these.
+
+    Checked by shapes only (no device read on the decoding hot path); beam search's reorders reach the state
+    through the cache's own reorder_cache (_follow_reorders)."""
     cache = getattr(module, "_linvit_cache", None)
     q_len = row_sq.shape[-1]
     if cache is None:
         if kv_len != q_len:
             raise UsageError("pure InfSA got cached keys but no cache object to keep its row norms with")
         return row_sq
-    states = cache.__dict__.setdefault("_linvit_row_sq", {})
-    earlier, last_key = states.get(module.layer_idx, (row_sq[..., :0], None))
+    _follow_reorders(cache)
+    states = cache.__dict__.setdefault(STATE, {})
+    earlier = states.get(module.layer_idx, row_sq[..., :0])
     if earlier.shape[-1] != kv_len - q_len or earlier.shape[0] != row_sq.shape[0]:
         raise UsageError(
             f"pure InfSA's normaliser state holds {earlier.shape[-1]} positions but the cache {kv_len - q_len}: "
             "the cache was cropped, is static or sliding, or was filled by another model (use a DynamicCache)"
         )
-    if last_key is not None and not torch.equal(key[:, :, kv_len - q_len - 1], last_key):
-        raise UsageError("the KV cache was reordered (beam search?): pure InfSA's row norms cannot follow it")
     rows = torch.cat([earlier, row_sq], dim=-1)
-    states[module.layer_idx] = (rows.detach(), key[:, :, -1].detach())
+    states[module.layer_idx] = rows.detach()
     return rows
+
+
+def _follow_reorders(cache) -> None:
+    """Make cache.reorder_cache (beam search, between steps) reorder the row-norm state with the keys and values."""
+    if "reorder_cache" not in cache.__dict__:
+        cache.reorder_cache = types.MethodType(_reorder_with_row_norms, cache)  # deepcopy rebinds it to the copy
+
+
+def _reorder_with_row_norms(cache, beam_idx: torch.Tensor) -> None:
+    type(cache).reorder_cache(cache, beam_idx)
+    states = cache.__dict__.get(STATE, {})
+    for layer, rows in states.items():
+        states[layer] = rows.index_select(0, beam_idx.to(rows.device))

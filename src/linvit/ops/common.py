@@ -86,20 +86,32 @@ def sum_over_tokens(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     contiguous tensors and the batched product reads them without a copy."""
     if not torch.jit.is_scripting():  # scripted graphs get upcast features (products_dtype)
         if a.dtype in HALF_DTYPES:
-            summed = HalfProductsFloat32Sum.apply(a.flatten(0, 1).transpose(1, 2), b.flatten(0, 1))
+            summed = HalfProductsFloat32Sum.apply(a.flatten(0, 1).transpose(1, 2), b.flatten(0, 1), False)
             return summed.unflatten(0, (a.shape[0], a.shape[1]))
     return a.transpose(-2, -1) @ b
+
+
+def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of (B, H, n, N) and (B, H, N, y) half tensors, summed over N in float32 with a float32 result and
+    float32 gradients (call with autocast off). For products whose float32 result is scaled by factors that
+    float16 cannot hold (pure InfSA's gamma / (norm + eps) of an all-zero head is ~1e6, its unnormalised
+    sums over ~2k tokens exceed 65504): the scaled gradient then stays float32 until it reaches a and b."""
+    summed = HalfProductsFloat32Sum.apply(a.flatten(0, 1), b.flatten(0, 1), True)
+    return summed.unflatten(0, (a.shape[0], a.shape[1]))
 
 
 class HalfProductsFloat32Sum(torch.autograd.Function):
     """bmm(a, b) of half tensors with float32 accumulation and a float32 result (each half product is exact in
     float32). On CUDA/XPU torch's bmm(out_dtype=float32) does it on tensor cores; elsewhere an upcast gives the
-    same numbers. torch has no derivative for the out_dtype overload, hence this Function: the backward
-    products contract the small (x, y) axes, so they run in the inputs' half dtype, as autocast would."""
+    same numbers. torch has no derivative for the out_dtype overload, hence this Function. With
+    float32_grad False the backward products contract the small (x, y) axes, so they run in the inputs' half
+    dtype, as autocast would; with float32_grad True (float32_matmul) they run in float32 and only the
+    gradients of a and b are rounded to half."""
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor, float32_grad: bool = False) -> torch.Tensor:
         ctx.save_for_backward(a, b)
+        ctx.float32_grad = float32_grad
         if a.device.type in OUT_DTYPE_BMM_DEVICES:
             return torch.bmm(a, b, out_dtype=torch.float32)
         return torch.bmm(a.float(), b.float())
@@ -108,10 +120,14 @@ class HalfProductsFloat32Sum(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         a, b = ctx.saved_tensors
-        grad = grad.to(a.dtype)
-        grad_a = torch.bmm(grad, b.transpose(1, 2)) if ctx.needs_input_grad[0] else None
-        grad_b = torch.bmm(a.transpose(1, 2), grad) if ctx.needs_input_grad[1] else None
-        return grad_a, grad_b
+        dtype_a, dtype_b = a.dtype, b.dtype
+        if ctx.float32_grad:
+            grad, a, b = grad.float(), a.float(), b.float()
+        else:
+            grad = grad.to(a.dtype)
+        grad_a = torch.bmm(grad, b.transpose(1, 2)).to(dtype_a) if ctx.needs_input_grad[0] else None
+        grad_b = torch.bmm(a.transpose(1, 2), grad).to(dtype_b) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b, None
 
 
 def autocast_dtype(t: torch.Tensor) -> torch.dtype | None:

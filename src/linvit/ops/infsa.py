@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .common import GammaLike, accumulation_dtype, check_qkv, gamma_as_tensor, no_autocast
+from .common import GammaLike, accumulation_dtype, check_qkv, float32_matmul, gamma_as_tensor, no_autocast
 
 # Dense pure InfSA materialises H*N*N scores per sample; above this many "auto" switches to the two-pass form,
 # which holds at most half as many per sample at once (H*block*N) unless block_size is given. The choice is per
@@ -49,8 +49,8 @@ def infsa_operator(
     if mask is None:
         norm = torch.linalg.vector_norm(scores, dim=(-2, -1), keepdim=True, dtype=acc)
     else:
-        norm = masked_row_norms(_row_sq_sums(scores), mask)[..., None]
-    return scores / (norm + eps).to(scores.dtype)
+        norm = masked_row_norms(row_square_sums(scores), mask)[..., None]
+    return (scores / (norm + eps)).to(scores.dtype)  # divided in float32: float16 cannot hold every norm
 
 
 def infsa_column_sums(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, block_size: int = 1024) -> torch.Tensor:
@@ -65,11 +65,11 @@ def infsa_column_sums(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, block
     for s in range(0, q.shape[2], block_size):
         scores = _relu_scores(q[:, :, s : s + block_size], k, None)
         columns += scores.sum(-2, dtype=acc)
-        squares += _row_sq_sums(scores).sum(-1)
+        squares += row_square_sums(scores).sum(-1)
     return columns / (squares.sqrt() + eps)[..., None]
 
 
-def _row_sq_sums(scores: torch.Tensor) -> torch.Tensor:
+def row_square_sums(scores: torch.Tensor) -> torch.Tensor:
     """Sum of squared scores of every query row, (B, H, n), in the accumulation dtype."""
     return torch.linalg.vector_norm(scores, dim=-1, dtype=accumulation_dtype(scores)).square()
 
@@ -80,9 +80,19 @@ def masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     norm_i = sqrt(sum_r mask[i, r] ||A+_r||^2) for row_sq = ||A+_r||^2 of shape (B, H, N) and mask rows
     (B, H, n, N). Without a mask (all True) this is the global norm; with a causal mask it is the norm of
     the prefix graph, and with a padding mask that of the valid tokens, so the removed tokens never reach
-    the kept ones, not even through the normalisation (linvit's reading, docs/spec/infsa.md section 2).
+    the kept ones, not even through the normalisation (linvit's reading, docs/spec/infsa.md section 2). A
+    mask shared by every head or sample (size 1 or stride 0 there) is read once, never copied per head.
     """
-    squares = (mask.to(row_sq.dtype) @ row_sq[..., None]).squeeze(-1)
+    B, H, N = row_sq.shape
+    if mask.shape[1] == 1 or mask.stride(1) == 0:  # one mask for every head (causal, padding): no copy per head
+        shared = mask[:, 0]
+        if shared.shape[0] == 1 or shared.stride(0) == 0:  # and for every sample: one (n, N) x (N, B*H) product
+            squares = (shared[0].to(row_sq.dtype) @ row_sq.reshape(B * H, N).transpose(0, 1)).transpose(0, 1)
+            squares = squares.reshape(B, H, -1)
+        else:
+            squares = (shared.to(row_sq.dtype) @ row_sq.transpose(1, 2)).transpose(1, 2)
+    else:
+        squares = (mask.to(row_sq.dtype) @ row_sq[..., None]).squeeze(-1)
     # a query that sees only all-zero rows (every logit <= 0) has norm 0, where sqrt's gradient is infinite
     # and would make the whole backward NaN; squares below 1e-30 (norms below 1e-15, far under the eps that is
     # added to them) are clamped instead. A constant: TorchScript has no torch.finfo.
@@ -176,9 +186,27 @@ def _pure_infsa_dense(
     if mask is None:
         norm = torch.linalg.vector_norm(scores, dim=(-2, -1), keepdim=True, dtype=accumulation_dtype(scores))
     else:
-        norm = masked_row_norms(_row_sq_sums(scores), mask)[..., None]  # one norm per query row
-    scale = (g.to(norm.dtype) / (norm + eps)).to(v.dtype)
-    return (F.dropout(scores, dropout_p, training=dropout_p > 0) @ v) * scale
+        norm = masked_row_norms(row_square_sums(scores), mask)[..., None]  # one norm per query row
+    scale = g.to(norm.dtype) / (norm + eps)
+    return scaled_product(F.dropout(scores, dropout_p, training=dropout_p > 0), v, scale)
+
+
+def scaled_product(scores: torch.Tensor, v: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(scores @ v) * scale in v's dtype, for a scale of shape (B, H, n or 1, 1) in the accumulation dtype.
+
+    float16 scores are summed over the N keys in float32 (float32_matmul) and scaled there: float16's range
+    (65504) holds neither gamma / (norm + eps) of a head whose scores are all zero (~1e6, and 0 * inf = NaN)
+    nor the unnormalised sums over ~2k tokens. Other dtypes multiply in their own: bfloat16 has float32's
+    range, and its matmuls accumulate in float32.
+    """
+    if scores.dtype == torch.float16:
+        if not torch.jit.is_scripting():
+            with no_autocast(v):
+                out = float32_matmul(scores, v.to(scores.dtype))
+        else:
+            out = scores.float() @ v.float()
+        return (out * scale.float()).to(v.dtype)
+    return (scores @ v) * scale.to(v.dtype)
 
 
 def _pure_infsa_chunked(
@@ -220,7 +248,7 @@ def _block_row_sq(q_blk: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
     """Squared norms of one query block's score rows; with ``recompute`` the scores are rebuilt in backward."""
     if recompute and not torch.jit.is_scripting():
         return checkpoint(_block_row_sq, q_blk, k, mask, False, use_reentrant=False)
-    return _row_sq_sums(_relu_scores(q_blk, k, mask))
+    return row_square_sums(_relu_scores(q_blk, k, mask))
 
 
 def _block_out(
@@ -235,8 +263,8 @@ def _block_out(
     """One query block's output, its normalised scores applied to v; ``recompute`` as in _block_row_sq."""
     if recompute and not torch.jit.is_scripting():
         return checkpoint(_block_out, q_blk, k, v, scale, mask, dropout_p, False, use_reentrant=False)
-    scores = _relu_scores(q_blk, k, mask) * scale.to(v.dtype)
-    return F.dropout(scores, dropout_p, training=dropout_p > 0) @ v
+    scores = _relu_scores(q_blk, k, mask)
+    return scaled_product(F.dropout(scores, dropout_p, training=dropout_p > 0), v, scale)
 
 
 def soft_query_sums(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
