@@ -412,3 +412,51 @@ def test_a_one_output_model_scores_nothing(tmp_path):
     assert cli_main([*argv, "--data", str(tmp_path / "data"), "--img-size", "32", "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert "accuracy" not in metrics and "one output" in metrics["unlabelled_because"]
+
+
+# every command that takes a run folder and an input size: (argv after the run and the data, what it writes)
+SIZED_COMMANDS = {
+    "predict": (["--img-size", "48", "64", "--no-progress"], "preds.jsonl"),
+    "predict --model": (["--img-size", "48", "64", "--no-progress"], "preds.jsonl"),
+    "explain": (["--img-size", "48", "64", "--limit", "2"], "out"),
+    "spectral": (["--img-size", "48", "64", "--limit", "2"], "spectral.json"),
+    "erf": (["--img-size", "48", "64", "--limit", "2"], "out"),
+    "eval": (["--img-size", "48", "--workers", "0", "--no-progress"], "eval.json"),
+}
+
+
+@pytest.mark.parametrize("command", SIZED_COMMANDS)
+def test_every_command_runs_a_run_folder_at_another_size(command, digits_and_run, tmp_path):
+    """Issue 39 item 7: the run's weights (32 px, patch 8) load at the run's size and are resampled to 48 x 64."""
+    data, run = digits_and_run
+    extra, written = SIZED_COMMANDS[command]
+    out = tmp_path / written
+    name, *rest = command.split()
+    if name == "predict":
+        model = ["--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "patch_size=8", "depth=1"]
+        weights = str(run / "model.safetensors") if rest else str(run)
+        argv = [name, str(data / "val" / "3"), "--checkpoint", weights, *(model if rest else []), "--out", str(out)]
+    else:
+        argv = [name, "--checkpoint", str(run), "--data", str(data), "--split", "val"]
+        argv += ["--json" if name == "eval" else "--out", str(out)]
+    assert cli_main([*argv, *extra]) == 0
+    assert out.exists()
+    if name == "predict":
+        assert {tuple(json.loads(line)["size"]) for line in out.read_text().splitlines()} == {(48, 64)}
+    if name == "explain":
+        assert np.load(out / "maps.npz")["maps"].shape[1:] == (48, 64)
+
+
+def test_a_run_loaded_for_another_size_is_the_run_resampled(digits_and_run):
+    """The model explain builds for --img-size 48 64 is the run itself: the same outputs as linvit.load_run."""
+    from argparse import Namespace
+
+    from linvit.explain.inputs import build_model
+
+    _, run = digits_and_run
+    args = Namespace(checkpoint=str(run), model=None, model_kwargs={}, img_size=[48, 64], crop_pct=None, seed=0)
+    model, names = build_model(args, None)
+    x = torch.randn(2, 3, 48, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), linvit.load_run(run)(x), rtol=0, atol=0)
+    assert names == [str(i) for i in range(10)]

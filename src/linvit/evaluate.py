@@ -19,9 +19,9 @@ from .data import SafeImageFolder, collate_images
 from .data.digit_tasks import digits_split, is_digits_spec
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .errors import UsageError
-from .models import WeightFormer, create_variant, weightformer
+from .models import WeightFormer, create_any_size, create_variant, weightformer
 from .utils import compile_model
-from .utils.artifacts import saved_weights_kind, use_run_folder
+from .utils.artifacts import run_model_args, saved_weights_kind, use_run_folder
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -67,6 +67,32 @@ def evaluate(
         "images": int(count),
         "skipped": int(skipped),
     }
+
+
+def create_for_checkpoint(
+    spec: str, checkpoint: str | Path | None, img_size=None, any_size: bool = False, **kwargs
+) -> nn.Module:
+    """spec, built so that checkpoint's weights fit, for inputs of img_size (or of any size with any_size).
+
+    A run's weights are built at the size the run trained at (its position table loads as saved, with the run's
+    class count unless kwargs give one) and resampled per input to img_size, as `linvit predict` runs
+    `linvit.load_run`; building at img_size instead would not load them. Without a run: at img_size.
+    """
+    run = run_model_args(checkpoint) if checkpoint else {}
+    if run.get("num_classes") is not None:
+        kwargs.setdefault("num_classes", run["num_classes"])
+    wanted, trained = height_width(img_size), height_width(run.get("img_size"))
+    size = trained or wanted
+    resample = any_size or (trained is not None and wanted is not None and wanted != trained)
+    create = create_any_size if resample else create_variant
+    return create(spec, **{**({} if size is None else {"img_size": size}), **kwargs})
+
+
+def height_width(size) -> tuple[int, int] | None:
+    """An input size as (H, W): one side (an int, a run's args.yaml) or a sequence of one or two (the flags)."""
+    if size is None:
+        return None
+    return (size, size) if isinstance(size, int) else tuple((list(size) * 2)[:2])
 
 
 def unwrap_state_dict(checkpoint: dict) -> dict:
@@ -200,7 +226,9 @@ def run_eval(args) -> dict:
     rank, world, device = init_distributed(args.device)
     try:
         run = use_run_folder(args)
-        model = create_variant(args.model, img_size=args.img_size, num_classes=class_count(args), **args.model_kwargs)
+        model = create_for_checkpoint(
+            args.model, args.checkpoint, args.img_size, num_classes=class_count(args), **args.model_kwargs
+        )
         weights = load_and_convert(model, args.checkpoint, getattr(args, "convert", None), args.ema)
         if rank == 0:
             source = f" from {run}/args.yaml" if run is not None else ""

@@ -109,8 +109,7 @@ def _equal_size_batches(images: Sequence[torch.Tensor], batch_size: int) -> list
 
 def load_model(args) -> nn.Module:
     """--checkpoint RUN (a run folder) or --model NAME [--checkpoint WEIGHTS]."""
-    from .evaluate import load_weights
-    from .models import create_any_size
+    from .evaluate import create_for_checkpoint, load_weights
     from .runs import load_run
 
     if args.model is None:
@@ -118,7 +117,7 @@ def load_model(args) -> nn.Module:
             raise UsageError("give --checkpoint RUN (a run folder) or --model NAME")
         return load_run(args.checkpoint)
     torch.manual_seed(0)  # random weights (no --checkpoint) are the same on every run
-    model = create_any_size(args.model, **args.model_kwargs)
+    model = create_for_checkpoint(args.model, args.checkpoint, any_size=True, **args.model_kwargs)
     if args.checkpoint:
         load_weights(model, args.checkpoint)
     return model

@@ -20,8 +20,7 @@ from timm.data import create_transform, resolve_data_config
 
 from ..data.images import find_images, read_rgb
 from ..errors import UsageError
-from ..evaluate import load_weights
-from ..models import create_variant
+from ..evaluate import create_for_checkpoint, height_width, load_weights
 from ..utils.artifacts import read_run_config, use_run_folder
 
 
@@ -64,12 +63,14 @@ def build_model(args: Namespace, folder_classes: list[str] | None) -> tuple[nn.M
         use_run_folder(args)  # the run's model, kwargs and input size unless given
         names, num_classes = found[1].get("label_names"), found[1].get("num_classes")
     elif args.model is None:
+        if args.checkpoint:
+            raise UsageError(f"{args.checkpoint}: not in a linvit run folder; give --model NAME for its weights")
         raise UsageError("give --model NAME, or --checkpoint RUN (a run folder)")
     if num_classes is None and folder_classes and len(folder_classes) >= 2:
         num_classes = len(folder_classes)
     torch.manual_seed(args.seed)  # random-init analyses are reproducible too
     kwargs = {} if num_classes is None else {"num_classes": num_classes}
-    model = create_variant(args.model, img_size=height_width(args.img_size), **{**kwargs, **args.model_kwargs})
+    model = create_for_checkpoint(args.model, args.checkpoint, args.img_size, **{**kwargs, **args.model_kwargs})
     if args.checkpoint:
         load_weights(model, args.checkpoint)
     return model.eval(), names
@@ -127,10 +128,3 @@ def data_config(args: Namespace, model: nn.Module) -> dict:
     if args.img_size is not None:
         overrides["input_size"] = (3, *height_width(args.img_size))
     return resolve_data_config(overrides, model=model)
-
-
-def height_width(size) -> tuple[int, int] | None:
-    """--img-size as (H, W): one side (an int, a run's args.yaml) or a list of one or two from the flag."""
-    if size is None:
-        return None
-    return (size, size) if isinstance(size, int) else tuple((list(size) * 2)[:2])

@@ -51,8 +51,9 @@ def pretrained_data_fields(data_config: dict) -> dict:
 
 
 def read_run_config(path: str | Path) -> tuple[Path, dict] | None:
-    """(run folder, its config.json) when path is a linvit run folder or a file inside one, else None."""
-    path = Path(path)
+    """(run folder, its config.json) when path is a linvit run folder or a file inside one, else None; a path
+    that does not exist is an error here, so that no caller reports it as "not a run folder"."""
+    path = check_exists(path)
     folder = path if path.is_dir() else path.parent
     config = folder / CONFIG
     if not config.is_file():
@@ -62,6 +63,21 @@ def read_run_config(path: str | Path) -> tuple[Path, dict] | None:
     except json.JSONDecodeError as err:
         raise UsageError(f"{config}: not valid JSON ({err})") from err
     return (folder, data) if isinstance(data, dict) and "linvit" in data else None
+
+
+def check_exists(path: str | Path) -> Path:
+    """path as a Path; a one-line error naming it when nothing is there (a typo, or a run not trained yet)."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or folder")
+    return path
+
+
+def run_model_args(path: str | Path) -> dict:
+    """The timm model_args a classification run was built with (img_size, num_classes, ...), {} for a file
+    outside a run folder or a run timm did not build (segmentation, detection, generation)."""
+    found = read_run_config(path)
+    return dict(found[1].get("model_args") or {}) if found else {}
 
 
 def write_model_card(output: Path, config: dict, history: list[dict], command: str) -> None:
@@ -124,7 +140,7 @@ def use_run_folder(args) -> Path | None:
         if args.model is None:
             raise UsageError("--model is required without --checkpoint")
         return None
-    path = Path(args.checkpoint)
+    path = check_exists(args.checkpoint)
     if path.is_dir():
         if not (path / WEIGHTS).is_file():
             raise UsageError(f"{path}: no {WEIGHTS} in this folder (a run that has not finished? pass its last.pth)")
