@@ -801,10 +801,16 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command: input the user can fix (linvit.errors.UsageError) is one line and exit 2 (its traceback
-    with --debug); any other exception, a ValueError from torch or a bug included, keeps its traceback."""
+    with --debug); Ctrl-C is one line and exit 130 (the shell's code for SIGINT); any other exception, a
+    ValueError from torch or a bug included, keeps its traceback."""
     args = parse_args(argv)
     try:
         args.func(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"\nlinvit {args.command}: interrupted", file=sys.stderr)
+        return 130
     except ValueError as err:
         from linvit.errors import UsageError
 

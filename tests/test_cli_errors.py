@@ -149,3 +149,40 @@ def test_threads_are_set_and_recorded(data, tmp_path):
         assert json.loads((tmp_path / "config.json").read_text())["linvit"]["threads"] == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_errors_name_the_real_problem(data, tmp_path, capsys):
+    """Issue 39 item 14: a path that is not there says so; a file that is not a checkpoint says what it is."""
+    photos = str(data / "val" / "0")
+    missing = str(tmp_path / "nope")
+    _fails_cleanly(["predict", photos, "--checkpoint", missing], capsys, missing, "no such file or folder")
+    _fails_cleanly(["demo", "--checkpoint", missing], capsys, "no such file or folder")
+    explain = ["explain", "--data", str(data), "--out", str(tmp_path / "ex")]
+    _fails_cleanly([*explain, "--checkpoint", missing], capsys, missing, "no such file or folder")
+    _fails_cleanly(["eval", "--data", str(data), "--checkpoint", missing], capsys, "no such file or folder")
+    text = tmp_path / "notes.pth"
+    text.write_text("these are my notes\nnot weights\n")
+    model = ["--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
+    _fails_cleanly(["predict", photos, *model, "--checkpoint", str(text)], capsys, str(text), "a text file")
+    _fails_cleanly([*explain, "--checkpoint", str(text)], capsys, str(text), "give --model NAME")
+    fake = tmp_path / "weights.safetensors"
+    fake.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    _fails_cleanly(["predict", photos, *model, "--checkpoint", str(fake)], capsys, "not a safetensors file", "PNG")
+
+
+def test_bench_of_an_unknown_model_fails_before_running(tmp_path, capsys):
+    out = tmp_path / "bench"
+    _fails_cleanly(["bench", "--models", "not_a_model", "--res", "32", "--out", str(out)], capsys, "not_a_model")
+    assert not out.exists()
+
+
+def test_ctrl_c_is_one_line_and_exit_130(data, tmp_path, monkeypatch, capsys):
+    import linvit.train
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(linvit.train, "run_train", interrupted)
+    assert cli_main(_train(data, tmp_path)) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip() == "linvit train: interrupted"

@@ -115,13 +115,15 @@ def read_weights(path: Path, ema: bool | None = None) -> tuple[dict, str]:
     is an error rather than a silent fallback.
     """
     if not path.is_file():
-        raise UsageError(f"{path}: checkpoint not found")
+        raise UsageError(f"{path}: {'a folder, not a checkpoint file' if path.is_dir() else 'no such file'}")
+    safetensors = path.suffix == ".safetensors"
     try:
-        if path.suffix == ".safetensors":
-            raw = load_safetensors(str(path))
-        else:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
+        raw = load_safetensors(str(path)) if safetensors else torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling refusals, corrupt files
+        kind = foreign_file_kind(path, safetensors)
+        if kind is not None:
+            expected = "a safetensors file" if safetensors else "a PyTorch checkpoint (torch.save)"
+            raise UsageError(f"{path}: not {expected}: it is {kind}") from err
         raise UsageError(f"{path}: cannot read checkpoint safely ({type(err).__name__}: {err})") from err
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: not a state dict or checkpoint ({type(raw).__name__})")
@@ -137,6 +139,38 @@ def read_weights(path: Path, ema: bool | None = None) -> tuple[dict, str]:
     if ema:
         raise UsageError(f"{path}: holds no EMA weights")
     return unwrap_state_dict(raw), "model"
+
+
+FILE_SIGNATURES = {
+    b"\x89PNG": "a PNG image",
+    b"\xff\xd8\xff": "a JPEG image",
+    b"GIF8": "a GIF image",
+    b"%PDF": "a PDF document",
+    b"\x1f\x8b": "a gzip archive",
+    b"PK\x03\x04": "a zip archive",
+}
+
+
+def foreign_file_kind(path: Path, safetensors: bool) -> str | None:
+    """What a file that failed to load as weights is instead ("a text file", "a PNG image", ...), or None when
+    it looks like the expected format (a checkpoint that is damaged or refused: its own error says more).
+    torch.save writes a zip archive (or, before torch 1.6, a pickle: byte 0x80); safetensors begins with an
+    8-byte header length and then "{"."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head:
+        return "an empty file"
+    looks_right = head[8:9] == b"{" if safetensors else head.startswith((b"PK\x03\x04", b"\x80"))
+    if looks_right:
+        return None
+    kind = next((k for sig, k in FILE_SIGNATURES.items() if head.startswith(sig)), None)
+    if kind is not None:
+        return kind
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "binary data of another format"
+    return "a text file"
 
 
 def load_weights(model: nn.Module, path: str | Path, ema: bool | None = None) -> str:

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import UsageError
 from ..models.dit import MIXERS as DIT_MIXERS
-from ..models.variants import split_name
+from ..models.variants import check_model_name, split_name
 from ..utils import COMPILE_MODES
 from ..utils.flops import count_flops
 from .opcount import count_ops
@@ -105,7 +105,7 @@ def _suite_plan(args, name: str) -> dict:
 def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, batches, compiles, common, command):
     for spec in [*models, *references]:  # fail fast on an unknown model, variant or mixer
         if common["task"] != "generate":
-            split_name(spec)
+            check_model_name(split_name(spec)[0])
         elif spec not in DIT_MIXERS:
             raise UsageError(f"--task generate takes DiT mixers as --models ({', '.join(DIT_MIXERS)}); got {spec!r}")
     for mode in compiles:
