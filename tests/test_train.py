@@ -490,3 +490,79 @@ def test_gradient_norm_stats_count_non_finite_steps_apart():
     empty = GradNormStats(torch.device("cpu"))
     empty.add(torch.tensor(float("inf")))
     assert GradNormStats.record(empty.values().tolist())["grad_norm"] is None
+
+
+def _plan(epochs: int, **changes):
+    """The arguments training_recipe and resume_run read, as a parsed command would give them."""
+    from types import SimpleNamespace
+
+    values = dict(epochs=epochs, lr=1e-3, weight_decay=0.05, warmup_epochs=1, amp="none", progress=False)
+    return SimpleNamespace(**{**values, "clip_grad": None, "seed": 0, "resume": "auto", **changes})
+
+
+def _lr_per_step(out, args, epochs, resume: bool = False) -> list[float]:
+    """The learning rate of every optimizer step of the given epochs (of a run resumed from out if asked)."""
+    from linvit import engine
+    from linvit.utils.runtime import rng_states
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    batches = [torch.randn(2, 4) for _ in range(5)]
+    optimizer, scheduler, _ = engine.training_recipe(model, args, len(batches), torch.device("cpu"))
+    if resume:
+        assert engine.resume_run(out, args, model, optimizer, scheduler, None, None, 0)[0] == epochs[0]
+    seen = []
+
+    def loss(x):
+        seen.append(optimizer.param_groups[0]["lr"])
+        return model(x).square().mean(), len(x)
+
+    for epoch in epochs:
+        engine.train_pass(model, batches, loss, optimizer, scheduler, None, epoch, args, torch.device("cpu"), 0)
+        state = engine.training_state(model, optimizer, scheduler, None, None, epoch, [rng_states()], [], args)
+        engine.atomic_save(state, out / engine.CHECKPOINT)
+    return seen
+
+
+def test_a_run_resumed_with_more_epochs_follows_the_new_schedule(tmp_path, capsys):
+    """Issue 39 item 3: a finished 1-epoch run resumed with --epochs 3 steps at the 3-epoch schedule's
+    learning rates from epoch 1 on (timm's load_state_dict brought back the 1-epoch schedule: min lr
+    throughout), and says which flag changed."""
+    (tmp_path / "fresh").mkdir()
+    fresh = _lr_per_step(tmp_path / "fresh", _plan(3), range(3))
+    _lr_per_step(tmp_path, _plan(1), range(1))
+    capsys.readouterr()
+    resumed = _lr_per_step(tmp_path, _plan(3), range(1, 3), resume=True)
+    assert resumed == fresh[5:] and len(set(resumed)) == len(resumed)
+    assert "--epochs 1 -> 3" in capsys.readouterr().out
+
+
+def test_resume_refuses_a_changed_model_and_follows_a_longer_plan(data, tmp_path, capsys):
+    """`linvit train --resume auto` of a finished 1-epoch run with --epochs 3 logs the 3-epoch run's lr per
+    epoch (the issue's [1e-5] * 3 before), records the new plan for the next resume, and refuses flags that
+    make the checkpoint another experiment's with one line naming them."""
+    import yaml
+
+    def train(out, epochs, *extra):
+        argv = ["train", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224", "--output", str(out)]
+        argv += ["--epochs", str(epochs), "--batch-size", "10", "--lr", "1e-3", "--min-lr", "1e-5", *FAST]
+        return cli_main([*argv, "--warmup-epochs", "0", "--model-kwargs", "patch_size=8", "depth=1", *extra])
+
+    assert train(tmp_path / "fresh", 3) == 0 and train(tmp_path / "run", 1) == 0
+    capsys.readouterr()
+    for changed, flag in ((["--batch-size", "5"], "--batch-size 10 -> 5"), (["--seed", "1"], "--seed 0 -> 1")):
+        assert train(tmp_path / "run", 3, "--resume", "auto", *changed) == 2
+        err = capsys.readouterr().err.strip()
+        assert flag in err and len(err.splitlines()) == 1, err
+    assert train(tmp_path / "run", 3, "--resume", "auto", "--model-kwargs", "patch_size=8", "depth=2") == 2
+    assert "--model-kwargs" in capsys.readouterr().err
+    assert train(tmp_path / "run", 3, "--resume", "auto") == 0
+    assert "new schedule (--epochs 1 -> 3)" in capsys.readouterr().out
+    fresh = [r["lr"] for r in _metrics(tmp_path / "fresh")]
+    assert fresh == pytest.approx([7.525e-4, 2.575e-4, 1e-5], rel=1e-6)  # the cosine's end of each epoch
+    assert [r["lr"] for r in _metrics(tmp_path / "run")][1:] == fresh[1:]
+    assert yaml.safe_load((tmp_path / "run" / "args.yaml").read_text())["epochs"] == 3
+    # compared with the latest plan, rerun from its args.yaml (model_kwargs in another order): nothing new
+    assert cli_main(["train", "--config", str(tmp_path / "run" / "args.yaml"), "--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "new schedule" not in out

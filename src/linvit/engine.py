@@ -8,6 +8,7 @@ checkpoints, resume) lives here once.
 
 from __future__ import annotations
 
+import ast
 import json
 import time
 from collections.abc import Callable
@@ -46,13 +47,62 @@ def find_resume(output: Path, resume: str | None) -> Path | None:
     return path
 
 
-def resume_run(output: Path, resume: str | None, model, optimizer, scheduler, ema, scaler, rank: int):
-    """Restore everything from a checkpoint (if --resume finds one); returns (start epoch, history).
+# flags that say how a run executes, not what it trains: free to differ when it resumes
+RUNTIME_FLAGS = frozenset(
+    {"output", "resume", "progress", "workers", "device", "threads", "debug", "log", "compile", "amp", "deterministic"}
+)
+# the learning-rate plan: a run resumed with other values follows the schedule they give from its step on
+SCHEDULE_FLAGS = frozenset({"epochs", "lr", "base_lr", "min_lr", "warmup_lr", "warmup_epochs"})
+# the parser's dispatch fields and --config: not part of any plan
+DISPATCH_FIELDS = frozenset({"func", "command", "segment_command", "detect_command", "generate_command", "config"})
 
-    metrics.jsonl is rewritten from the checkpoint's history, so the log never holds an epoch the
-    checkpoint does not (an epoch interrupted after its log line but before its checkpoint).
+
+def stored_value(text: str):
+    """A flag's value back from the string a checkpoint stores (dicts and lists compare by content, so a
+    rerun from args.yaml, whose --model-kwargs come back sorted, is the same plan); words stay strings."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return list(value) if isinstance(value, tuple) else value
+
+
+def plan_changes(saved: dict, args) -> dict[str, tuple[str, str]]:
+    """{flag: (checkpoint's value, this command's)} for the planned flags that differ; a flag only one side
+    knows (another linvit version) is no change."""
+    now = {k: str(v) for k, v in vars(args).items()}
+    shared = (saved.keys() & now.keys()) - RUNTIME_FLAGS - DISPATCH_FIELDS
+    return {k: (saved[k], now[k]) for k in sorted(shared) if stored_value(saved[k]) != stored_value(now[k])}
+
+
+def describe_changes(changes: dict[str, tuple[str, str]]) -> str:
+    return ", ".join(f"--{k.replace('_', '-')} {old} -> {new}" for k, (old, new) in changes.items())
+
+
+def check_plan(path: Path, saved: dict, args) -> dict[str, tuple[str, str]]:
+    """The schedule flags that changed since the checkpoint; any other planned flag that changed (model, data,
+    batch, recipe, seed) is a usage error, since the checkpoint's weights and optimizer were trained under it."""
+    changes = plan_changes(saved, args)
+    fixed = {k: v for k, v in changes.items() if k not in SCHEDULE_FLAGS}
+    if fixed:
+        raise UsageError(
+            f"cannot resume from {path} with {describe_changes(fixed)}: its state was trained with the old "
+            "values; resume with them (its args.yaml), or train into a new --output"
+        )
+    return changes
+
+
+def resume_run(output: Path, args, model, optimizer, scheduler, ema, scaler, rank: int):
+    """Restore everything from a checkpoint (if args.resume finds one); returns (start epoch, history).
+
+    A command whose schedule flags (SCHEDULE_FLAGS) differ from the checkpoint's keeps the scheduler built
+    from its own arguments, so the run continues on the new plan's learning rates (train_pass sets each
+    epoch's from its step count); timm's load_state_dict would bring back the old plan's length, warm-up
+    and minimum. Other changed flags are refused (check_plan). metrics.jsonl is rewritten from the
+    checkpoint's history, so the log never holds an epoch the checkpoint does not (an epoch interrupted after
+    its log line but before its checkpoint).
     """
-    path = find_resume(output, resume)
+    path = find_resume(output, args.resume)
     if path is None:
         return 0, []
     try:
@@ -65,10 +115,12 @@ def resume_run(output: Path, resume: str | None, model, optimizer, scheduler, em
         ) from err
     if missing:
         raise UsageError(f"cannot resume from {path}: not a linvit training checkpoint (no {sorted(missing)})")
+    new_schedule = check_plan(path, ckpt.get("args") or {}, args)
     check_num_classes(model, ckpt["model"], path)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
+    if not new_schedule:
+        scheduler.load_state_dict(ckpt["scheduler"])
     if ema is not None and ckpt.get("ema") is not None:
         ema.load_state_dict(ckpt["ema"])
     if scaler is not None and ckpt.get("scaler") is not None:
@@ -78,6 +130,8 @@ def resume_run(output: Path, resume: str | None, model, optimizer, scheduler, em
     if rank == 0:
         atomic_write_text("".join(json.dumps(h) + "\n" for h in history), output / METRICS)
         print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
+        if new_schedule:
+            print(f"new schedule ({describe_changes(new_schedule)}): the learning rate follows it from this epoch on")
     return ckpt["epoch"] + 1, history
 
 
@@ -180,6 +234,8 @@ def train_pass(
     seen = 0
     start = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
+    if epoch:  # the lr of the step count, not the optimizer's: a resumed run's plan may have changed since
+        scheduler.step_update(num_updates=epoch * updates)
     for step, batch in enumerate(bar):
         loss, images = batch_loss(batch)
         grad_norms.add(optimizer_step(loss, net, optimizer, scaler, args.clip_grad))
@@ -356,7 +412,6 @@ def log_scalars(writer, record: dict) -> None:
 
 def args_yaml(args) -> str:
     """The parsed arguments as YAML (the dispatch fields left out), loadable again with --config."""
-    skip = {"func", "command", "segment_command", "detect_command", "generate_command", "config"}
-    values = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items() if k not in skip}
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items() if k not in DISPATCH_FIELDS}
     values = {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
     return yaml.safe_dump(values, sort_keys=True)

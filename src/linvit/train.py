@@ -4,7 +4,9 @@ Built from timm's pieces: create_transform (RandAugment, random erasing), Mixup/
 SoftTargetCrossEntropy, create_optimizer_v2 (no weight decay on norms, biases, position embeddings
 and InfSA discounts), a per-iteration cosine schedule with warm-up, ModelEmaV3. Each epoch writes
 OUT/metrics.jsonl and OUT/last.pth atomically; ``--resume auto`` continues exactly: every epoch
-reseeds from (seed, epoch, rank), so a resumed run replays the same data order and augmentations.
+reseeds from (seed, epoch, rank), so a resumed run replays the same data order and augmentations. A resume
+with other --epochs / --lr / warm-up / min lr follows the new plan's schedule; other changed flags are
+refused (linvit.engine.resume_run).
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def _run(args, rank: int, world: int, device: torch.device) -> list[dict]:
     mixup, criterion = _mixup_and_criterion(args, num_classes)
     ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema else None
 
-    start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, ema, scaler, rank)
+    start_epoch, history = resume_run(output, args, model, optimizer, scheduler, ema, scaler, rank)
     run_info = {
         "task": "classification",
         "command": "train",

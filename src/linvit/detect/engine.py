@@ -119,7 +119,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_detection)
     model = build_detector(args, train_set.num_classes).to(device)
     optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
-    start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
+    start_epoch, history = resume_run(output, args, model, optimizer, scheduler, None, scaler, rank)
     net = wrap_ddp(model, world, device)
     run_info = {
         "task": "detection",

@@ -128,7 +128,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     model = build_generator(args, channels, len(train_set.classes), size).to(device)
     ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True)
     optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
-    start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, ema, scaler, rank)
+    start_epoch, history = resume_run(output, args, model, optimizer, scheduler, ema, scaler, rank)
     net = wrap_ddp(model, world, device)
     schedule = noise_schedule(args.prediction)
     run_info = {

@@ -101,7 +101,7 @@ def _train(args, rank: int, world: int, device) -> list[dict]:
     split, loader, sampler, val_loader = _loaders(args, rank, world, device)
     model = build_model(args, split.num_classes).to(device)
     optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
-    start_epoch, history = resume_run(output, args.resume, model, optimizer, scheduler, None, scaler, rank)
+    start_epoch, history = resume_run(output, args, model, optimizer, scheduler, None, scaler, rank)
     net = compile_model(wrap_ddp(model, world, device), args.compile)
     run_info = {
         "task": "segmentation",
