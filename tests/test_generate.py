@@ -279,6 +279,67 @@ def test_ddim_clips_its_clean_image_estimate_to_the_pixel_range_only_when_asked(
     assert clipped.abs().max() <= 1 + 1e-6 and free.abs().max() > 2
 
 
+def _small_dit(class_dropout: float, seed: int = 0):
+    """A randomised tiny DiT (adaLN-Zero would start every block at exactly zero) and the batch sizes it sees."""
+    from linvit.models.dit import DiT
+
+    shape = dict(input_size=8, patch_size=2, in_channels=1, hidden_size=32, depth=1, num_heads=2, num_classes=10)
+    model = DiT(**shape, class_dropout_prob=class_dropout, learn_sigma=False).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name != "pos_embed":
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    batches = []
+    model.register_forward_pre_hook(lambda module, inputs: batches.append(len(inputs[0])))
+    return model, batches
+
+
+def test_a_dit_trained_without_label_dropout_samples_at_guidance_one_only():
+    """Issue 39 item 5: --class-dropout 0 leaves no "no class" row. Guidance 1 runs the conditional half
+    alone (B images per step, not 2B), so such a model samples, and a model with the row gives the same
+    samples (the row is not used); guidance above 1 on it is a UsageError naming --class-dropout."""
+    from linvit.errors import UsageError
+    from linvit.generate.diffusion import ddim_sample
+
+    bare, seen = _small_dit(0.0)
+    with_null, _ = _small_dit(0.1)
+    state = bare.state_dict()
+    table = with_null.y_embedder.embedding_table.weight
+    state["y_embedder.embedding_table.weight"] = torch.cat([state["y_embedder.embedding_table.weight"], table[10:]])
+    with_null.load_state_dict(state)
+    labels = torch.tensor([3, 7, 1])
+
+    def sample(model, guidance):
+        return ddim_sample(
+            model, labels, (1, 8, 8), steps=3, guidance=guidance, generator=torch.Generator().manual_seed(0)
+        )
+
+    images = sample(bare, 1.0)
+    assert images.shape == (3, 1, 8, 8) and torch.isfinite(images).all() and seen == [3, 3, 3]
+    assert torch.equal(sample(with_null, 1.0), images)
+    assert not torch.equal(sample(with_null, 2.0), images)
+    with pytest.raises(UsageError, match="--class-dropout"):
+        sample(bare, 2.0)
+
+
+def test_sample_a_run_trained_without_label_dropout(tmp_path, capsys):
+    """`linvit generate sample` of a --class-dropout 0 run: --guidance 1 writes the grid, the default guidance
+    (2) stops with one line naming --class-dropout (an IndexError from the embedding before)."""
+    run = tmp_path / "run"
+    train = ["generate", "train", "--data", DATA, "--output", str(run), "--epochs", "1", "--batch-size", "32"]
+    train += ["--workers", "0", "--val-images", "32", "--class-dropout", "0", "--no-progress"]
+    assert cli_main(train) == 0
+    out = tmp_path / "grid.png"
+    argv = ["generate", "sample", "--checkpoint", str(run), "--classes", "3,7", "--num", "2", "--steps", "2"]
+    assert cli_main([*argv, "--out", str(out), "--no-progress", "--guidance", "1"]) == 0
+    assert np.load(out.with_suffix(".npz"))["images"].shape == (2, 1, 32, 32)
+    capsys.readouterr()
+    assert cli_main([*argv, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--class-dropout" in err and len(err.splitlines()) == 1, err
+
+
 def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path):
     """generate sample writes its grid and arrays through atomic_write: a kill (here, an error) part-way leaves
     the previous file as it was, never a torn one that looks finished."""

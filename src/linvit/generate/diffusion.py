@@ -41,6 +41,34 @@ def ddpm_loss(model, x0: torch.Tensor, labels: torch.Tensor, schedule, generator
     return F.mse_loss(predicted.float(), target.float())
 
 
+def has_null_label(model) -> bool:
+    """Whether the DiT learnt a "no class" embedding (trained with --class-dropout > 0), which guidance needs.
+
+    A stand-in without an embedding table is taken to have one."""
+    embedder = model.y_embedder
+    table = getattr(embedder, "embedding_table", None)
+    return table is None or table.num_embeddings > embedder.num_classes
+
+
+def check_guidance(model, guidance: float) -> None:
+    if guidance != 1 and not has_null_label(model):
+        raise UsageError(
+            f'guidance {guidance:g} needs a model trained with --class-dropout > 0 (a "no class" embedding); '
+            "this one was trained with --class-dropout 0: sample it with --guidance 1"
+        )
+
+
+def guided_noise(model, x: torch.Tensor, t, labels: torch.Tensor, guidance: float, channels: int) -> torch.Tensor:
+    """The noise prediction for x at step t: at guidance 1 the conditional model alone (half the work, and no
+    "no class" row needed); otherwise the conditional and "no class" halves as one batch
+    (DiT.forward_with_cfg)."""
+    if guidance == 1:
+        return model(x, torch.full((x.shape[0],), int(t), device=x.device), labels)[:, :channels]
+    both = torch.cat([labels, torch.full_like(labels, model.y_embedder.num_classes)])
+    batch_t = torch.full((2 * x.shape[0],), int(t), device=x.device)
+    return model.forward_with_cfg(torch.cat([x, x]), batch_t, both, guidance)[: x.shape[0], :channels]
+
+
 @torch.no_grad()
 def ddim_sample(
     model,
@@ -55,20 +83,17 @@ def ddim_sample(
 ) -> torch.Tensor:
     """Images for labels (B,) of shape (C, H, W), in the model's value range, by DDIM (eta 0) with guidance.
 
-    Each step runs the conditional and the "no class" halves as one batch (DiT.forward_with_cfg); guidance 1
-    is the conditional model alone. clip: each step's estimate of x_0 is clipped to [-1, 1], the range of
-    pixel data (as in DDPM and improved DDPM); without it the first steps of the cosine schedule, where
-    alpha_bar is near 0, blow a small noise error up into x_0 (patchy samples); latents are not clipped.
+    Guidance 1 is the conditional model alone; above it, each step also runs the "no class" half, which a
+    model trained with --class-dropout 0 does not have (a UsageError). clip: each step's estimate of x_0 is
+    clipped to [-1, 1], the range of pixel data (as in DDPM and improved DDPM); without it the first steps of
+    the cosine schedule, where alpha_bar is near 0, blow a small noise error up into x_0 (patchy samples);
+    latents are not clipped.
     """
+    check_guidance(model, guidance)
     scheduler = _diffusers().DDIMScheduler.from_config(noise_schedule(prediction).config, clip_sample=clip)
     scheduler.set_timesteps(steps)
-    device = labels.device
-    x = torch.randn((labels.shape[0], *shape), generator=generator, device=device)
-    null = torch.full_like(labels, model.y_embedder.num_classes)
-    both = torch.cat([labels, null])
+    x = torch.randn((labels.shape[0], *shape), generator=generator, device=labels.device)
     timesteps = scheduler.timesteps if progress is None else progress(scheduler.timesteps)
     for t in timesteps:
-        batch_t = torch.full((2 * x.shape[0],), int(t), device=device)
-        eps = model.forward_with_cfg(torch.cat([x, x]), batch_t, both, guidance)[: x.shape[0], : shape[0]]
-        x = scheduler.step(eps, t, x).prev_sample
+        x = scheduler.step(guided_noise(model, x, t, labels, guidance, shape[0]), t, x).prev_sample
     return x
