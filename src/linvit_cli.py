@@ -602,7 +602,11 @@ def _add_predict_command(sub: argparse._SubParsersAction) -> None:
     size.add_argument("--native", action="store_true", help="each image at its own size, rounded to the patch grid")
     p.add_argument("--max-pixels", type=POSITIVE, default=None, help="refuse larger images (default 2^28)")
     p.add_argument("--topk", type=POSITIVE, default=5)
-    p.add_argument("--out", default=None, help="preds.jsonl: one JSON line per image (path, size, top-k, seconds)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="preds.jsonl: one JSON line per image (path, size, top-k, seconds: its read, batch share, map)",
+    )
     p.add_argument("--batch-size", type=POSITIVE, default=8, help="images read together; equal sizes run as a batch")
     p.add_argument(
         "--maps",

@@ -200,3 +200,80 @@ def test_predict_with_a_run_folder_names_its_labels_and_draws_maps(tmp_path):
     expected = linvit.predict(model, [linvit.load_image(PHOTOS / "china.jpg", model)], topk=5)[0]["topk"]
     assert [t["class"] for t in rows[0]["topk"]] == [t["class"] for t in expected]  # compiled = eager ranking
     assert [t["prob"] for t in rows[0]["topk"]] == pytest.approx([t["prob"] for t in expected], abs=1e-5)
+
+
+def test_predict_skips_unreadable_pictures_and_counts_them(tmp_path, capsys):
+    """Issue 39 item 13: one broken file is skipped and reported, as explain does; the others are written."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    Image.open(PHOTOS / "china.jpg").resize((64, 48)).save(folder / "a.png")
+    (folder / "b.png").write_bytes((PHOTOS / "flower.jpg").read_bytes()[:2000])  # truncated
+    (folder / "c.jpg").write_text("not a picture")
+    Image.open(PHOTOS / "flower.jpg").resize((64, 48)).save(folder / "d.png")
+    out = tmp_path / "preds.jsonl"
+    argv = ["predict", str(folder), "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
+    assert cli_main([*argv, "--img-size", "32", "--batch-size", "2", "--out", str(out), "--no-progress"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [Path(r["path"]).name for r in rows] == ["a.png", "d.png"]
+    err = capsys.readouterr().err
+    assert "b.png" in err and "c.jpg" in err and "skipped 2 of 4 pictures" in err
+    for name in ("a.png", "d.png"):
+        (folder / name).unlink()
+    assert cli_main([*argv, "--out", str(tmp_path / "none.jsonl"), "--no-progress"]) == 2
+    assert "none of the 2 pictures could be read" in capsys.readouterr().err
+    assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_map_files_of_pictures_with_the_same_stem_do_not_collide(tmp_path):
+    """Issue 39 item 11: c/flower.jpg and c/flower.png get a map each, and each JSON line names its own."""
+    folder = tmp_path / "in" / "c"
+    folder.mkdir(parents=True)
+    Image.open(PHOTOS / "flower.jpg").resize((64, 48)).save(folder / "flower.jpg")
+    Image.open(PHOTOS / "china.jpg").resize((96, 32)).save(folder / "flower.png")
+    Image.open(PHOTOS / "china.jpg").resize((32, 32)).save(folder / "china.png")
+    out, maps = tmp_path / "preds.jsonl", tmp_path / "maps"
+    argv = ["predict", str(tmp_path / "in"), "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
+    assert cli_main([*argv, "--native", "--maps", str(maps), "--out", str(out), "--no-progress"]) == 0
+    rows = {Path(r["path"]).name: r for r in map(json.loads, out.read_text().splitlines())}
+    names = {k: Path(r["map"]).relative_to(maps).as_posix() for k, r in rows.items()}
+    assert names == {"china.png": "china.png", "flower.jpg": "flower.jpg.png", "flower.png": "flower.png.png"}
+    for name, row in rows.items():
+        grid = [side // 16 for side in row["size"]]
+        assert np.load(Path(row["map"]).with_suffix(".npy")).shape == tuple(grid), name  # its own picture's map
+        assert Image.open(row["map"]).size == Image.open(row["path"]).size
+
+
+def test_predict_seconds_are_each_pictures_own(tmp_path, monkeypatch):
+    """Issue 39 item 15: an image's seconds are its own reading, its share of its batch's forward and its map,
+    not the batch's mean. A fake clock: reading a.png takes 1 s, b.png 3 s, a forward 4 s, a map 0.5 s."""
+    import types
+
+    import linvit.inference as inference
+
+    clock = [0.0]
+    monkeypatch.setattr(inference, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    real_read, real_predict, real_write = inference.read_rgb, inference.predict, inference.MapWriter.write
+
+    def read(path, *args):
+        clock[0] += {"a.png": 1.0, "b.png": 3.0}[Path(path).name]
+        return real_read(path, *args)
+
+    def predict(*args, **kwargs):
+        clock[0] += 4.0
+        return real_predict(*args, **kwargs)
+
+    def write(self, *args):
+        clock[0] += 0.5
+        return real_write(self, *args)
+
+    monkeypatch.setattr(inference, "read_rgb", read)
+    monkeypatch.setattr(inference, "predict", predict)
+    monkeypatch.setattr(inference.MapWriter, "write", write)
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (32, 32), (200, 30, 60)).save(tmp_path / name)
+    out = tmp_path / "preds.jsonl"
+    argv = ["predict", str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--model", "linear_infvit_tiny_patch16_224"]
+    argv += ["--model-kwargs", "depth=1", "--img-size", "32", "--maps", str(tmp_path / "maps"), "--out", str(out)]
+    assert cli_main([*argv, "--no-progress"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["seconds"] for r in rows] == [1 + 2 + 0.5, 3 + 2 + 0.5]

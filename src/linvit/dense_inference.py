@@ -18,7 +18,7 @@ from .data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
 from .detect.predict import as_record, detect, draw
 from .distributed import resolve_device
 from .errors import UsageError
-from .inference import check_out_file, common_folder, mirrored_path, write_jsonl
+from .inference import OutputPaths, check_out_file, write_jsonl
 from .runs import load_run
 from .segment.model import Segmenter
 from .segment.predict import class_shares, colour_overlay, save_class_map, segment
@@ -37,7 +37,7 @@ def run_detect_predict(args) -> list[dict]:
     device = resolve_device(args.device)
     model.to(device)
     names = getattr(model, "label_names", None)
-    root = common_folder(paths)
+    drawn = OutputPaths(paths, args.draw, ".png") if args.draw else None
     records = []
     for path in tqdm(paths, desc="detect", unit="image", disable=not args.progress):
         tick = time.perf_counter()
@@ -46,7 +46,7 @@ def run_detect_predict(args) -> list[dict]:
         record = {"path": str(path), "size": [picture.height, picture.width], "detections": as_record(found, names)}
         record["seconds"] = round(time.perf_counter() - tick, 4)
         if args.draw:
-            target = mirrored_path(path, root, Path(args.draw), ".png")
+            target = drawn(path)
             draw(picture, found, names).save(target)
             record["drawn"] = str(target)
         records.append(record)
@@ -73,7 +73,8 @@ def run_segment_predict(args) -> list[dict]:
     img_size = args.img_size or run_img_size(args.checkpoint)
     device = resolve_device(args.device)
     model.to(device)
-    names, root, records = getattr(model, "label_names", None), common_folder(paths), []
+    names, records = getattr(model, "label_names", None), []
+    drawn = OutputPaths(paths, args.draw, ".png") if args.draw else None
     for path in tqdm(paths, desc="segment", unit="image", disable=not args.progress):
         tick = time.perf_counter()
         picture = read_rgb(path, args.max_pixels or DEFAULT_MAX_PIXELS)
@@ -82,7 +83,7 @@ def run_segment_predict(args) -> list[dict]:
         record = {"path": str(path), "size": [picture.height, picture.width], "classes": shares}
         record["seconds"] = round(time.perf_counter() - tick, 4)
         if args.draw:
-            target = mirrored_path(path, root, Path(args.draw), ".png")
+            target = drawn(path)
             colour_overlay(picture, classes, model.num_classes).save(target)
             save_class_map(classes, target.with_name(target.stem + "_classes.png"), model.num_classes)
             record["drawn"] = str(target)

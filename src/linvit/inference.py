@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -124,7 +126,9 @@ def load_model(args) -> nn.Module:
 
 
 def run_predict(args) -> list[dict]:
-    """`linvit predict`: top-k per image to stdout, with --out one JSON line per image, with --maps overlays."""
+    """`linvit predict`: top-k per image to stdout, with --out one JSON line per image, with --maps overlays.
+    Unreadable pictures are reported, counted and skipped (as explain and evaluation do); none readable is an
+    error. An image's "seconds" are its own reading and resizing, its share of its batch's forward and its map."""
     from .utils.compile import compile_model
 
     paths = find_images(args.images)
@@ -140,23 +144,53 @@ def run_predict(args) -> list[dict]:
     records = []
     for start in tqdm(range(0, len(paths), args.batch_size), desc="predict", unit="batch", disable=not args.progress):
         chunk = paths[start : start + args.batch_size]
-        tick = time.perf_counter()
-        pictures = [read_rgb(p, max_pixels) for p in chunk]
-        tensors = [prepare_image(picture, model, img_size, args.native) for picture in pictures]
+        kept, pictures, tensors, seconds = read_pictures(chunk, model, img_size, args.native, max_pixels)
+        if not kept:
+            continue
         if maps is None:  # the pictures are needed again only to draw maps on; at 8K each is 200 MB
-            pictures = [None] * len(chunk)
+            pictures = [None] * len(kept)
+        tick = time.perf_counter()
         outputs = predict(runner, tensors, args.topk, names, args.batch_size, device, args.amp)
-        seconds = (time.perf_counter() - tick) / len(chunk)
-        for path, picture, tensor, out in zip(chunk, pictures, tensors, outputs, strict=True):
-            record = {"path": str(path), "size": list(tensor.shape[-2:]), **out, "seconds": round(seconds, 4)}
+        share = (time.perf_counter() - tick) / len(kept)
+        for path, picture, tensor, out, own in zip(kept, pictures, tensors, outputs, seconds, strict=True):
+            record = {"path": str(path), "size": list(tensor.shape[-2:]), **out}
+            tick = time.perf_counter()
             if maps is not None:
                 record.update(maps.write(path, picture, tensor.to(device)))
+            record["seconds"] = round(own + share + time.perf_counter() - tick, 4)
             records.append(record)
             top = out["topk"][0]
             print(f"{path}: {top['label']} ({top['prob']:.3f})" + _rest(out["topk"][1:]))
+    report_skipped(len(paths) - len(records), len(paths))
     if args.out:
         write_jsonl(args.out, records)
     return records
+
+
+def read_pictures(chunk: Sequence[Path], model: nn.Module, img_size, native: bool, max_pixels: int):
+    """The readable pictures of chunk as (paths, pictures, model inputs, seconds each took to read and prepare);
+    an unreadable one is reported on stderr and left out."""
+    kept, pictures, tensors, seconds = [], [], [], []
+    for path in chunk:
+        tick = time.perf_counter()
+        try:
+            picture = read_rgb(path, max_pixels)
+        except UsageError as err:
+            tqdm.write(f"skipped {err}", file=sys.stderr)
+            continue
+        tensors.append(prepare_image(picture, model, img_size, native))
+        kept.append(path)
+        pictures.append(picture)
+        seconds.append(time.perf_counter() - tick)
+    return kept, pictures, tensors, seconds
+
+
+def report_skipped(skipped: int, total: int) -> None:
+    """One line counting the pictures left out; an error when none could be read."""
+    if skipped == total:
+        raise UsageError(f"none of the {total} pictures could be read")
+    if skipped:
+        print(f"skipped {skipped} of {total} pictures (unreadable, see above)", file=sys.stderr)
 
 
 def check_out_file(out: str | None, example: str) -> None:
@@ -177,16 +211,40 @@ def common_folder(paths: Sequence[Path]) -> Path:
     return Path(os.path.commonpath([p.resolve().parent for p in paths])) if paths else Path(".")
 
 
-def mirrored_path(path: Path, root: Path, folder: Path, suffix: str) -> Path:
-    """folder/<path below root, with suffix>, its folder made: a.jpg and sub/a.jpg do not collide."""
-    target = folder / path.resolve().relative_to(root).with_suffix(suffix)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return target
+class OutputPaths:
+    """folder/<each picture's path below the pictures' common folder, suffix replaced>: a.jpg and sub/a.jpg do
+    not collide. Pictures that would share a file (flower.jpg and flower.png) keep their whole name
+    (flower.jpg.png, flower.png.png); the common case stays flower.png. Compared case-blind, for file systems
+    that are."""
+
+    def __init__(self, paths: Sequence[Path], folder: str | Path, suffix: str) -> None:
+        root, self.folder = common_folder(paths), Path(folder)
+        relative = [Path(p).resolve().relative_to(root) for p in paths]
+        short = [r.with_suffix(suffix) for r in relative]
+        shared = Counter(_folded(n) for n in short)
+        named = [
+            n if shared[_folded(n)] == 1 else r.with_name(r.name + suffix) for r, n in zip(relative, short, strict=True)
+        ]
+        self.names = {Path(p).resolve(): n for p, n in zip(paths, named, strict=True)}
+        taken = Counter(_folded(n) for n in named)
+        clashes = [str(n) for n in named if taken[_folded(n)] > 1]
+        if clashes:  # flower.jpg.png next to flower.jpg and flower.png: nothing readable is left to choose
+            raise UsageError(f"two pictures would both write {clashes[0]}; rename one of them")
+
+    def __call__(self, path: Path) -> Path:
+        """The output file of picture path, its folder made."""
+        target = self.folder / self.names[Path(path).resolve()]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
+
+def _folded(path: Path) -> str:
+    return str(path).casefold()
 
 
 class MapWriter:
     """Per image: the model's importance map as DIR/<name>.png (over the original picture, at its size) and the
-    raw patch-grid map as DIR/<name>.npy; names mirror the images' paths below their common folder."""
+    raw patch-grid map as DIR/<name>.npy; names mirror the images' paths below their common folder (OutputPaths)."""
 
     def __init__(self, model: nn.Module, folder: str | Path, method: str | None, paths: Sequence[Path], crop: bool):
         from .explain.maps import METHODS
@@ -195,7 +253,7 @@ class MapWriter:
             raise UsageError(f"--method {method!r}: choose from {', '.join(METHODS)}")
         self.model, self.method, self.folder = model, method, Path(folder)
         self.config = resolve_model_data_config(model) if crop else None
-        self.root = common_folder(paths)
+        self.targets = OutputPaths(paths, self.folder, ".png")
 
     def write(self, path: Path, picture: Image.Image, tensor: torch.Tensor) -> dict:
         from .explain.maps import importance_maps
@@ -203,7 +261,7 @@ class MapWriter:
 
         maps = importance_maps(self.model, tensor[None], self.method, upsample=False)
         patch_map = maps.patch[0].cpu().numpy()
-        target = mirrored_path(path, self.root, self.folder, ".png")
+        target = self.targets(path)
         np.save(target.with_suffix(".npy"), patch_map)
         overlay(picture, patch_map, seen_box(picture.size, self.config)).save(target)
         return {"map": str(target), "map_method": maps.method}
