@@ -2,6 +2,7 @@
 
 Upload a photograph, run, and read back what a user sees: each model's top-1 label (the one linvit.predict
 gives) and the overlay image drawn at the picture's size; switch the method; compare two runs side by side.
+The click handler is also driven without a browser, through Gradio's own input processing, on awkward files.
 Skipped without Gradio (the demo extra); with it, Playwright and /usr/bin/chromium must exist in CI (CI=true).
 """
 
@@ -12,10 +13,12 @@ import shutil
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sklearn.datasets
 import timm
 import torch
+from PIL import Image
 
 import linvit
 
@@ -34,14 +37,19 @@ CHROMIUM_ARGS = [
 
 
 gr = pytest.importorskip("gradio")  # the demo extra; `.[dev]` alone (the minimum-versions job) skips
-if os.environ.get("CI") == "true":  # CI installs the demo extra and Chromium: a missing one is a failure
-    from playwright import sync_api
 
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: apt-get install -y chromium"
-else:
+
+def _playwright():
+    """Playwright's sync API for the browser tests; they skip without Chromium (a failure in CI, CI=true)."""
+    if os.environ.get("CI") == "true":  # CI installs the demo extra and Chromium: a missing one is a failure
+        from playwright import sync_api
+
+        assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: apt-get install -y chromium"
+        return sync_api
     sync_api = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
-        pytest.skip("no Chromium at /usr/bin/chromium (apt-get install -y chromium)", allow_module_level=True)
+        pytest.skip("no Chromium at /usr/bin/chromium (apt-get install -y chromium)")
+    return sync_api
 
 
 def _free_port() -> int:
@@ -61,6 +69,7 @@ def _model(seed: int, names: list[str]):
 def page_and_models(tmp_path_factory):
     from linvit.demo import build_demo, serve
 
+    sync_api = _playwright()
     names = ["pagoda", "lake", "tree", "boat", "cloud"]
     models = [("run A", _model(0, names)), ("run B", _model(1, names))]
     demo = build_demo(models, topk=3)
@@ -124,3 +133,42 @@ def test_demo_command_errors_are_one_line(tmp_path, capsys):
     assert "one or two run folders" in capsys.readouterr().err
     assert cli_main(["demo", "--checkpoint", str(tmp_path)]) == 2
     assert "not a linvit run folder" in capsys.readouterr().err
+
+
+def _click(demo, path: Path, method: str = "model's own"):
+    """The page's Run button as Gradio serves it (gradio.Blocks.preprocess_data), without a browser: the
+    upload's payload goes through gr.Image's preprocessing unless the click turned it off."""
+    fn = next(f for f in demo.fns.values() if len(f.inputs) == 2)
+    picture, dropdown = fn.inputs
+    payload = picture.data_model.model_validate({"path": str(path), "orig_name": path.name})
+    if fn.preprocess:
+        return fn.fn(picture.preprocess(payload), dropdown.preprocess(method))
+    return fn.fn(payload.model_dump(), method)
+
+
+def test_the_demo_reads_pictures_as_predict_does(tmp_path):
+    """Issue 39 item 12: a 16-bit PNG is the picture linvit.load_image reads, not Gradio's white one."""
+    from linvit.demo import build_demo
+
+    deep = tmp_path / "deep.png"
+    ramp = np.linspace(0, 65535, 48 * 64).reshape(48, 64).astype(np.uint16)
+    Image.fromarray(ramp).save(deep)  # 16-bit greyscale: Gradio's convert("RGB") clips it to white
+    model = _model(0, ["pagoda", "lake", "tree", "boat", "cloud"])
+    labels, drawn, method = _click(build_demo([("run", model)], topk=5), deep)
+    expected = linvit.predict(model, [linvit.load_image(deep, model)], topk=5)[0]["topk"]
+    assert labels == pytest.approx({row["label"]: row["prob"] for row in expected}, abs=1e-6)
+    assert drawn.size == (64, 48) and "linear" in method
+
+
+@pytest.mark.parametrize("content", [b"not a picture at all", b"truncated"])
+def test_an_unreadable_upload_is_the_command_lines_one_line(tmp_path, content):
+    from linvit.data.images import read_rgb
+    from linvit.demo import build_demo
+
+    path = tmp_path / "upload.png"
+    path.write_bytes(PHOTO.read_bytes()[:3000] if content == b"truncated" else content)
+    with pytest.raises(ValueError) as cli:
+        read_rgb(path)
+    with pytest.raises(gr.Error) as shown:
+        _click(build_demo([("run", _model(0, ["a", "b"]))]), path)
+    assert shown.value.message == str(cli.value).replace(str(path), path.name)  # the name the user uploaded

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn as nn
-from PIL import Image
 from timm.data import resolve_model_data_config
 
+from .data.images import read_rgb
 from .errors import UsageError
 from .explain.maps import METHODS, importance_maps
 from .explain.overlay import overlay, seen_box
@@ -32,15 +33,45 @@ def _gradio():
     return gr
 
 
-def look(model: nn.Module, picture: Image.Image, method: str | None = None, topk: int = 5):
-    """({label: probability} of the top-k, overlay of the importance map on the picture, the method used)."""
-    picture = picture.convert("RGB")
+def look(model: nn.Module, path: str | Path, method: str | None = None, topk: int = 5):
+    """({label: probability} of the top-k, overlay of the importance map on the picture, the method used).
+
+    The picture is read as `linvit predict` reads it (linvit.load_image: read_rgb, then prepare_image), so a
+    16-bit or EXIF-rotated file gives the same answer here as on the command line."""
+    picture = read_rgb(path)
     tensor = prepare_image(picture, model)
     top = predict(model, [tensor], topk)[0]["topk"]
     maps = importance_maps(model, tensor[None], method, upsample=False)
     box = seen_box(picture.size, resolve_model_data_config(model))
     drawn = overlay(picture, maps.patch[0].numpy(), box)
     return {row["label"]: row["prob"] for row in top}, drawn, maps.method
+
+
+def upload_path(payload) -> str | None:
+    """The uploaded file of gr.Image's raw payload (a dict with its cached "path"), or a path as given.
+
+    The click runs with preprocess=False: Gradio's own preprocessing opens the file with PIL and converts it
+    (16-bit to white, an undecodable file to a generic error) before linvit could read it."""
+    if payload is None or isinstance(payload, (str, Path)):
+        return None if payload is None else str(payload)
+    return payload.get("path")
+
+
+def answer(models: Sequence[tuple[str, nn.Module]], picture, method: str, topk: int = 5) -> list:
+    """What the page shows for one upload: per model its top-k, its overlay and the method; a picture that
+    cannot be read is the one-line UsageError the command line gives."""
+    path = upload_path(picture)
+    if path is None:
+        raise UsageError("upload a picture first")
+    name = picture.get("orig_name") if isinstance(picture, dict) else None
+    outputs = []
+    for _, model in models:
+        try:
+            labels, drawn, used = look(model, path, None if method == AUTO else method, topk)
+        except UsageError as err:  # named by the file the user uploaded, not Gradio's cached copy
+            raise UsageError(str(err).replace(path, name or path)) from err
+        outputs += [labels, drawn, f"map method: **{used}**"]
+    return outputs
 
 
 def build_demo(models: Sequence[tuple[str, nn.Module]], topk: int = 5):
@@ -52,21 +83,15 @@ def build_demo(models: Sequence[tuple[str, nn.Module]], topk: int = 5):
         model.eval()
 
     def run(picture, method):
-        if picture is None:
-            raise gr.Error("upload a picture first")
-        outputs = []
-        for _, model in models:
-            try:
-                labels, drawn, used = look(model, picture, None if method == AUTO else method, topk)
-            except UsageError as err:  # e.g. a method the model has no layers for
-                raise gr.Error(str(err)) from err
-            outputs += [labels, drawn, f"map method: **{used}**"]
-        return outputs
+        try:
+            return answer(models, picture, method, topk)
+        except UsageError as err:  # an unreadable upload, a method the model has no layers for
+            raise gr.Error(str(err)) from err
 
     with gr.Blocks(title="linvit demo") as demo:
         gr.Markdown("# linvit: predictions and importance maps on your own pictures")
         with gr.Row():
-            picture = gr.Image(type="pil", label="picture", elem_id="picture", image_mode="RGB")
+            picture = gr.Image(type="filepath", label="picture", elem_id="picture", image_mode=None)
             with gr.Column():
                 method = gr.Dropdown([AUTO, *METHODS], value=AUTO, label="map method", elem_id="method")
                 button = gr.Button("Run", variant="primary", elem_id="run")
@@ -78,7 +103,7 @@ def build_demo(models: Sequence[tuple[str, nn.Module]], topk: int = 5):
                     outputs.append(gr.Label(num_top_classes=topk, label="top-k", elem_id=f"labels-{i}"))
                     outputs.append(gr.Image(type="pil", label="importance map", elem_id=f"map-{i}"))
                     outputs.append(gr.Markdown(elem_id=f"method-{i}"))
-        button.click(run, [picture, method], outputs)
+        button.click(run, [picture, method], outputs, preprocess=False)  # linvit reads the file (upload_path)
     return demo
 
 
