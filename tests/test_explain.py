@@ -460,3 +460,22 @@ def test_a_run_loaded_for_another_size_is_the_run_resampled(digits_and_run):
     with torch.no_grad():
         torch.testing.assert_close(model(x), linvit.load_run(run)(x), rtol=0, atol=0)
     assert names == [str(i) for i in range(10)]
+
+
+def test_the_deletion_figure_and_the_claims_agree_on_which_way_is_better():
+    """Issue 39 item 15: a faithful map has the lower MoRF curve and the higher MoRF-AOC; the figure's titles
+    and the claims table must both say so (the figure said "lower is better" beside "MoRF-AOC, higher better")."""
+    from linvit.reproduce.figures import LERF_TITLE, MORF_TITLE
+
+    images = torch.rand(2, 3, 32, 32) * 0.1
+    images[:, :, :8, :8] = 1.0
+    right = torch.zeros(2, 4, 4)
+    right[:, 0, 0] = 1.0
+    kw = dict(patch_size=8, steps=8, fill=torch.zeros(3))
+    targets = torch.zeros(2, dtype=torch.long)
+    good, bad = (perturbation_curves(TopLeftPatchModel(), images, targets, m, **kw) for m in (right, -right))
+    assert (good[:, 1:] <= bad[:, 1:]).all() and area_over_curve(good).mean() > area_over_curve(bad).mean()
+    kw["order"] = "lerf"
+    good, bad = (perturbation_curves(TopLeftPatchModel(), images, targets, m, **kw) for m in (right, -right))
+    assert (good[:, 1:] >= bad[:, 1:]).all() and area_over_curve(good).mean() < area_over_curve(bad).mean()
+    assert "drop fast: higher MoRF-AOC" in MORF_TITLE and "stay up: lower LeRF-AOC" in LERF_TITLE

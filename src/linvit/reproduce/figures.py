@@ -88,6 +88,11 @@ def learning_curves_figure(runs: dict[str, dict], path: Path) -> None:
     _save(fig, path, dpi=90)
 
 
+# the curves are p(true class); the report's MoRF-AOC / LeRF-AOC are the mean drop from p_0 (the area over them)
+MORF_TITLE = "MoRF: most relevant patches removed first\n(faithful maps drop fast: higher MoRF-AOC, the mean drop)"
+LERF_TITLE = "LeRF: least relevant removed first\n(faithful maps stay up: lower LeRF-AOC, the mean drop)"
+
+
 def curves_figure(curves: dict[str, dict], path: Path) -> None:
     """MoRF (left) and LeRF (right) deletion curves, one line per family."""
     plt = _plt()
@@ -95,8 +100,8 @@ def curves_figure(curves: dict[str, dict], path: Path) -> None:
     for name, c in curves.items():
         for ax, key in zip(axes, ("morf_curve", "lerf_curve"), strict=True):
             ax.plot(np.linspace(0, 1, len(c[key])), c[key], marker=".", label=name)
-    axes[0].set_title("MoRF: most relevant patches removed first (lower is better)", fontsize=8)
-    axes[1].set_title("LeRF: least relevant removed first (higher is better)", fontsize=8)
+    axes[0].set_title(MORF_TITLE, fontsize=8)
+    axes[1].set_title(LERF_TITLE, fontsize=8)
     for ax in axes:
         ax.set_xlabel("fraction of patches removed")
         ax.grid(alpha=0.3)
