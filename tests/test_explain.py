@@ -479,3 +479,19 @@ def test_the_deletion_figure_and_the_claims_agree_on_which_way_is_better():
     good, bad = (perturbation_curves(TopLeftPatchModel(), images, targets, m, **kw) for m in (right, -right))
     assert (good[:, 1:] >= bad[:, 1:]).all() and area_over_curve(good).mean() < area_over_curve(bad).mean()
     assert "drop fast: higher MoRF-AOC" in MORF_TITLE and "stay up: lower LeRF-AOC" in LERF_TITLE
+
+
+def test_boxes_that_match_no_picture_are_a_warning_with_a_count(tmp_path, capsys):
+    """Issue 39 item 15: --boxes whose keys name none of the pictures leave null box scores, and say so."""
+    folder = tmp_path / "pics"
+    folder.mkdir()
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (32, 32), (90, 20, 200)).save(folder / name)
+    boxes = tmp_path / "boxes.json"
+    boxes.write_text(json.dumps({"elsewhere/a.png": [[0, 0, 8, 8]], "c.png": [[1, 1, 9, 9]]}))
+    out = tmp_path / "out"
+    argv = ["explain", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1", "--img-size", "32"]
+    assert cli_main([*argv, "--data", str(folder), "--boxes", str(boxes), "--out", str(out)]) == 0
+    assert json.loads((out / "metrics.json").read_text())["box_roc_auc"] is None
+    err = capsys.readouterr().err
+    assert "0 of 2 pictures have boxes" in err and str(boxes) in err and "2 entries" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -147,7 +148,22 @@ def picture_boxes(args, inputs: AnalysisInputs) -> list[list | None]:
     for p in inputs.paths:
         raw = boxes_for(p, all_boxes, root=args.data) if all_boxes else None
         boxes.append(None if raw is None else transform_boxes(raw, Image.open(p).size, inputs.config))
+    if all_boxes is not None:
+        warn_unmatched(sum(b is not None for b in boxes), len(boxes), boxes_src, len(all_boxes))
     return boxes
+
+
+def warn_unmatched(matched: int, pictures: int, source, entries: int) -> None:
+    """A warning on stderr when pictures have no entry in the boxes file: box scores cover only the others,
+    and are null when none matched (a file for another folder, or keys of another form)."""
+    if matched == pictures:
+        return
+    scores = "box scores are null" if matched == 0 else f"box scores cover those {matched}"
+    print(
+        f"warning: {matched} of {pictures} pictures have boxes in {source} ({entries} entries, looked up by the "
+        f"path below --data, the file name, then the stem); {scores}",
+        file=sys.stderr,
+    )
 
 
 def explain_batches(args, inputs: AnalysisInputs):
