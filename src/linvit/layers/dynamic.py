@@ -28,6 +28,23 @@ def identity_tap(kernel_size: int) -> torch.Tensor:
     return tap
 
 
+def refill_identity_tap(module: nn.Module, kernel_size: int, like: torch.Tensor) -> None:
+    """Write identity_tap(kernel_size) into module.identity_tap (timm's init_non_persistent_buffers protocol):
+    a non-persistent buffer is in no checkpoint, so after meta-device construction + to_empty it holds garbage,
+    and after load_state_dict(assign=True) it is still on the meta device (then it moves to like's device)."""
+    tap = identity_tap(kernel_size)
+    with torch.no_grad():
+        if module.identity_tap.is_meta:
+            module.identity_tap = tap.to(device=like.device, dtype=module.identity_tap.dtype)
+        else:
+            module.identity_tap.copy_(tap)
+
+
+def refill_after_load(module: nn.Module, incompatible_keys) -> None:
+    """load_state_dict post-hook: loading restores the non-persistent buffers too (no checkpoint holds them)."""
+    module.init_non_persistent_buffers()
+
+
 def amplitude_denominator(raw: torch.Tensor, dim: list[int], scale: float = 1.0) -> torch.Tensor:
     """||raw|| + 1 / scale over ``dim``, so that raw / it = amplitude_direction(scale * raw)."""
     return torch.linalg.vector_norm(raw, dim=dim, keepdim=True) + 1.0 / scale
@@ -262,6 +279,7 @@ class DynamicDWConv(nn.Module):
         self.w = nn.Parameter(torch.empty(dim, 1, kernel_size, kernel_size))
         self.b = nn.Parameter(torch.empty(dim))
         self.register_buffer("identity_tap", identity_tap(kernel_size), persistent=False)
+        self.register_load_state_dict_post_hook(refill_after_load)
         self.wfm = nn.Sequential(
             nn.Conv2d(dim, dim, kernel_size=1),
             nn.GELU(),
@@ -269,6 +287,10 @@ class DynamicDWConv(nn.Module):
         )
         trunc_normal_(self.w, std=0.02)
         trunc_normal_(self.b, std=0.02)
+
+    def init_non_persistent_buffers(self) -> None:
+        """Refill identity_tap (timm.models._manipulate.reinit_non_persistent_buffers calls this)."""
+        refill_identity_tap(self, self.kernel_size, self.w)
 
     def _raw_delta(self, x: torch.Tensor) -> torch.Tensor:
         B, C, _, _ = x.shape

@@ -8,6 +8,7 @@ and TorchScript must read them as types (FX feature extraction, then torch.jit.s
 """
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -20,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import UsageError
 from ..layers import DynamicDWConv, DynamicLinear
-from ..layers.dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, identity_tap
+from ..layers.dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, identity_tap, refill_after_load, refill_identity_tap
 from ..layers.graph_capture import call_eagerly, is_fx_tracing
 from ..layers.infsa_attention import check_choice
 from ._cfg import hub_weights, model_cfg, require_weights
@@ -70,11 +71,17 @@ class WeightFormerBlock(nn.Module):
             self.linear1 = nn.Linear(dim, hidden)
             self.dwc = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
             self.register_buffer("identity_tap", identity_tap(3), persistent=False)
+            self.register_load_state_dict_post_hook(refill_after_load)
         self.norm2 = norm_layer(dim)
         self.act = act_layer()
         self.drop = nn.Dropout(drop)
         self.linear2 = nn.Linear(hidden, dim)
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def init_non_persistent_buffers(self) -> None:
+        """Refill the static block's identity_tap (timm's protocol; the dynamic block's DynamicDWConv owns its own)."""
+        if not self.dynamic:
+            refill_identity_tap(self, 3, self.dwc.weight)
 
     def mlp(self, x: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:
         x = self.linear1(x, grid_size) if self.dynamic else self.linear1(x)
@@ -374,15 +381,19 @@ default_cfgs = generate_default_cfgs(
 
 
 def _create(variant: str, pretrained: bool = False, **kwargs) -> WeightFormer:
+    """timm's builder; ``device`` and ``dtype`` as timm's own models take them (create_model(..., device="meta"))."""
     require_weights(variant, pretrained, kwargs)
-    return build_model_with_cfg(
-        WeightFormer,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter"),
-        **kwargs,
-    )
+    device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    with torch.device(device) if device is not None else nullcontext():
+        model = build_model_with_cfg(
+            WeightFormer,
+            variant,
+            pretrained,
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter"),
+            **kwargs,
+        )
+    return model if dtype is None else model.to(dtype)
 
 
 @register_model
