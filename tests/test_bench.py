@@ -196,3 +196,16 @@ def test_cli_compile_choices_are_the_library_modes():
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     choices = next(a.choices for a in train._actions if a.dest == "compile")
     assert tuple(choices) == COMPILE_MODES
+
+
+def test_readme_model_table_is_what_linvit_models_counts(capsys):
+    """Issue 39 item 15: README's params and GMACs are the command's (scripts/models_table.py writes them; the
+    Katz rows said 10.33 and 4.53 where `linvit models --macs` gives 10.546 and 4.587)."""
+    from pathlib import Path
+
+    assert cli_main(["models", "--filter", "katz_infvit", "--macs", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for row in rows:
+        line = next(x for x in readme.splitlines() if x.startswith(f"| `{row['model']}` |"))
+        assert line.endswith(f"| {row['params']:,} | {row['gmacs@224']:.2f} |"), line
