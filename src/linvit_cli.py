@@ -660,7 +660,9 @@ def _add_reproduce_command(sub: argparse._SubParsersAction) -> None:
         "reproduce", help="every family trained on the digit tasks, evaluated, mapped, benchmarked -> OUT/report.md"
     )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="one seed of the digit task: about 14 min on 2 CPU cores")
+    mode.add_argument(
+        "--quick", action="store_true", help="one seed of the digit task: about 11 minutes on 2 CPU cores"
+    )
     mode.add_argument(
         "--full", action="store_true", help="3 seeds of both tasks and a learning-rate sweep (the default)"
     )

@@ -252,3 +252,21 @@ def test_generated_docs_sections_replace_only_their_own_markers(tmp_path):
     )
     with pytest.raises(SystemExit, match="no <!-- c:begin -->"):
         replace_between(page, "<!-- c:begin -->", "<!-- c:end -->", "x")
+
+
+def test_the_quick_runs_time_is_one_number_everywhere():
+    """Issue 39 item 15: README, --help and the progress bar's first estimate all say the minutes that
+    docs/report-quick.md measured (they said 11, 14 and 17)."""
+    from pathlib import Path
+
+    from linvit_cli import build_parser
+
+    root = Path(__file__).parents[1]
+    measured = json.loads((root / "docs/report-quick/report.json").read_text())["seconds_all_stages"] / 60
+    minutes = round(measured)
+    readme = " ".join((root / "README.md").read_text().split())
+    assert f"about {minutes} minutes on 2 CPU cores" in readme
+    reproduce = build_parser().commands[("reproduce",)]
+    quick = next(a for a in reproduce._actions if "--quick" in a.option_strings)
+    assert f"about {minutes} minutes on 2 CPU cores" in quick.help
+    assert round(sum(s.est_s for s in build_plan("o", "quick", "cpu")) / 60) == minutes

@@ -6,10 +6,11 @@ the DeiT-T baseline of the WeightFormer paper, cut to 4 blocks like the others),
 the drawn digit tasks with one shared recipe chosen on the softmax baseline's validation curve only
 (docs/sweeps/digits), for several seeds. Every model is evaluated on val, test and the shifted test set.
 
-``quick`` fits 15 minutes on 2 CPU cores: one seed of the digit task, maps, spectra and ERFs, and a short
-latency sweep. ``full`` runs 3 seeds of both tasks, maps and spectra on every seed, a per-family learning-rate
-sweep (reported beside the shared recipe, never replacing it) and the longer latency sweeps. Every stage's
-``est_s`` is its measured time on the 2-core development machine, used only for the time-left estimate.
+``quick`` takes about 11 minutes on 2 CPU cores (measured: docs/report-quick.md): one seed of the digit task,
+maps, spectra and ERFs, and a short latency sweep. ``full`` runs 3 seeds of both tasks, maps and spectra on
+every seed, a per-family learning-rate sweep (reported beside the shared recipe, never replacing it) and the
+longer latency sweeps. Every stage's ``est_s`` is its measured time on the 2-core development machine, used
+only for the time-left estimate.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ MAP_METHOD = {"softmax": "rollout", "pure": "column", "linear": "linear", "katz"
 SPECTRAL = ["pure", "linear"]
 ERF = ["softmax", "linear", "weightformer"]
 # training seconds per epoch of 4,000 canvases (16 tokens, batch 64) relative to softmax, measured on 2 cores
-COST = {"softmax": 1.0, "pure": 1.0, "linear": 0.85, "katz": 2.3, "weightformer": 2.0}
+COST = {"softmax": 1.0, "pure": 1.0, "linear": 0.85, "katz": 1.7, "weightformer": 1.9}  # docs/report-quick's
 FAMILY_4L = [
     "vit_4l_patch16_224",
     "vit_4l_patch16_224:naive",
@@ -146,7 +147,7 @@ class Planner:
     def __init__(self, out: str, device: str, recipe: Recipe) -> None:
         self.out, self.recipe = out, recipe
         self.device = "cuda" if device == "cuda" else "cpu"
-        self.epoch_s = 9.0  # one epoch of the softmax baseline, validation included, on 2 cores
+        self.epoch_s = 6.5  # one epoch of the softmax baseline, validation included, on 2 cores (report-quick)
 
     def folder(self, task: Task) -> str:
         return f"{self.out}/data/{task.name}"
@@ -196,7 +197,7 @@ class Planner:
         argv += ["--out", f"{self.out}/explain/{name}"]
         outputs = [f"explain/{name}/metrics.json", f"explain/{name}/maps.npz"]
         info = {"task": task.name, "family": family, "seed": seed}
-        seconds = 0.08 * self.recipe.explain_images * COST[family]
+        seconds = 0.02 * self.recipe.explain_images * COST[family]
         return Stage(f"explain/{name}", argv, outputs, seconds, info, self.analysis_inputs(task, family, seed))
 
     def spectral(self, task: Task, family: str, seed: int) -> Stage:
