@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import timm
 import torch
@@ -263,3 +265,55 @@ def test_residual_folded_into_the_depthwise_kernel():
         conv.w.add_(0.5)
         assert not torch.allclose(conv(x, residual=True), first)
         torch.testing.assert_close(conv(x, residual=True), x + conv(x), rtol=1e-5, atol=1e-6)
+
+
+def _spec_table() -> list[dict]:
+    """docs/spec/weightformer.md's model table as {column title: cell} rows."""
+    lines = (Path(__file__).parents[1] / "docs" / "spec" / "weightformer.md").read_text().splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
+    header = next(r for r in rows if r[0] == "model")
+    return [dict(zip(header, r, strict=True)) for r in rows if r[0].startswith("`weightformer_")]
+
+
+def _gmacs(name: str, side: int, release_order: bool, monkeypatch) -> float:
+    """GMACs of one image as `linvit models --macs` counts them (torch's FLOP counter), on the meta device;
+    with release_order, the correlation always in the release's association (maps per token first)."""
+    from linvit.layers import dynamic
+    from linvit.utils.flops import count_flops
+
+    in_order = dynamic._correlation_in_order
+    if release_order:
+        monkeypatch.setattr(dynamic, "_correlation_in_order", lambda lt, lm, rt, rm, _: in_order(lt, lm, rt, rm, True))
+    with torch.device("meta"), torch.no_grad():
+        model = timm.create_model(name).eval()
+        flops = count_flops(lambda: model(torch.zeros(1, 3, side, side)))
+    monkeypatch.setattr(dynamic, "_correlation_in_order", in_order)
+    return flops / 2e9
+
+
+def test_spec_macs_are_what_the_code_counts_and_the_release_order_gives(monkeypatch):
+    table = _spec_table()
+    assert {r["model"].strip("`") for r in table} == set(WF_MODELS)
+    for row in table:
+        name, side = row["model"].strip("`"), int(row["input"])
+        for column, release_order in [("MACs", False), ("MACs, release's order", True)]:
+            digits = len(row[column].rstrip("G").partition(".")[2])
+            counted = round(_gmacs(name, side, release_order, monkeypatch), digits)
+            assert f"{counted:.{digits}f}G" == row[column], (name, column)
+
+
+@pytest.mark.parametrize("width, keeps_up_to", [(192, 48), (384, 96)])
+def test_release_order_holds_up_to_the_documented_pooled_token_count(width, keeps_up_to, monkeypatch):
+    """The switch points docs/spec/weightformer.md states: WeightFormer-T (C = 192) takes the core-first order from
+    M = 49 pooled tokens on, which is 224 px; WeightFormer-S (C = 384) keeps the release's order there."""
+    from linvit.layers import dynamic
+
+    chosen = []
+    in_order = dynamic._correlation_in_order
+    monkeypatch.setattr(dynamic, "_correlation_in_order", lambda *a: chosen.append(a[-1]) or in_order(*a))
+    layer = DynamicLinear(width, 4 * width)
+    for m in (keeps_up_to, keeps_up_to + 1):
+        layer.correlation_of_pooled(torch.randn(1, m, width), 4 * m)
+    assert chosen == [True, False]
+    spec = (Path(__file__).parents[1] / "docs" / "spec" / "weightformer.md").read_text()
+    assert f"C = {width}: M <= {keeps_up_to}" in spec

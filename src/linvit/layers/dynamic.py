@@ -168,8 +168,10 @@ class DynamicLinear(nn.Module):
 
         P = L A and R = S Z are low-rank products (bilateral: L = SiLU(Z1), A = w1, S = SiLU(Z2), Z = w2),
         so G = A^T (L^T S) Z can also be formed core first: M r_in r_out + r_in C_out (r_out + C_in) work
-        instead of M (r_in C_in + r_out C_out + C_in C_out). The cheaper order for this token count is
-        taken (the release's at 224 px, the core-first one at high resolution); both equal up to rounding.
+        instead of M (r_in C_in + r_out C_out + C_in C_out). The cheaper order for the M pooled tokens is
+        taken, so MACs are the release's only up to a width's switch point: M <= 48 for C = 192 (WeightFormer-T
+        at 224 px, M = 49, runs core first), M <= 96 for C = 384 (docs/spec/weightformer.md 2). Both orders
+        equal up to rounding; a symbolic M (an exported graph of any size) keeps both and picks per input.
         """
         return self.correlation_of_pooled(*self.pooled_tokens(x, grid_size))
 
@@ -235,7 +237,23 @@ def _low_rank_correlation(
     right_cost = 0 if right_map is None else b * c_out
     factors_first = M * (left_cost + right_cost + c_in * c_out)
     core_first = M * a * b + (0 if right_map is None else a * c_out * b) + (0 if left_map is None else c_in * a * c_out)
-    if factors_first <= core_first:  # maps applied per token (under autocast, as the release does)
+    if not torch.jit.is_scripting():
+        if isinstance(M, torch.SymInt) and (left_map is not None or right_map is not None):
+            # a symbolic token count (torch.export with dynamic H, W): a Python choice would become a guard that
+            # fails at the other order's sizes, so the graph keeps both orders and picks per input, as eager does
+            return _correlation_in_cond(factors_first <= core_first, left, left_map, right, right_map)
+    return _correlation_in_order(left, left_map, right, right_map, factors_first <= core_first)
+
+
+def _correlation_in_order(
+    left: torch.Tensor,
+    left_map: torch.Tensor | None,
+    right: torch.Tensor,
+    right_map: torch.Tensor | None,
+    factors_first: bool,
+) -> torch.Tensor:
+    """The correlation with the maps applied per token first (the release's order) or after the token sum."""
+    if factors_first:  # maps applied per token (under autocast, as the release does)
         left = left if left_map is None else left @ left_map
         right = right if right_map is None else right @ right_map
         left_map = right_map = None
@@ -243,6 +261,21 @@ def _low_rank_correlation(
         with no_autocast(left):
             return _correlation_core_first(left, left_map, right, right_map)
     return _correlation_core_first(left, left_map, right, right_map)
+
+
+def _correlation_in_cond(
+    factors_first,
+    left: torch.Tensor,
+    left_map: torch.Tensor | None,
+    right: torch.Tensor,
+    right_map: torch.Tensor | None,
+) -> torch.Tensor:
+    """_correlation_in_order as torch.cond on a symbolic choice: both orders in the graph, one runs per input."""
+
+    def in_order(order: bool):
+        return lambda lt, rt: _correlation_in_order(lt, left_map, rt, right_map, order)
+
+    return torch.cond(factors_first, in_order(True), in_order(False), (left, right))
 
 
 def _correlation_core_first(
