@@ -640,7 +640,14 @@ def _add_export_command(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="default: from --out's suffix (.onnx, .pt2, .pt / .ts = TorchScript)",
     )
-    p.add_argument("--img-size", type=POSITIVE, nargs="+", default=[224], metavar="PX", help="input side, or H W")
+    p.add_argument(
+        "--img-size",
+        type=POSITIVE,
+        nargs="+",
+        default=None,
+        metavar="PX",
+        help="input side, or H W (default: a run folder's own size, else the model's)",
+    )
     p.add_argument(
         "--dynamic-batch",
         action="store_true",
@@ -649,10 +656,10 @@ def _add_export_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dynamic-size",
         action="store_true",
-        help="any H and W on the model's grid for onnx and pt2 (TorchScript always); checked at two sizes",
+        help="any H and W on the model's grid for onnx and pt2 (TorchScript always); checked across the range",
     )
     p.add_argument("--out", required=True, help="output file")
-    p.set_defaults(func=_runner("export", "run_export", _check_img_size))
+    p.set_defaults(func=_runner("export", "run_export", _check_optional_img_size))
 
 
 def _add_reproduce_command(sub: argparse._SubParsersAction) -> None:

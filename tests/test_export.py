@@ -216,7 +216,9 @@ def test_dynamic_size_export_runs_at_sizes_it_was_not_exported_at(name, fmt, ste
     torch.manual_seed(0)
     summary = run_export(args)
     assert summary["accepted_sizes"] == f"H and W multiples of {step} px from {2 * step} to 16384"
-    assert summary["sizes_checked"] == [[64, 64], [64 + step, 64 + 3 * step]] and summary["max_abs_diff"] < 1e-4
+    checked = summary["sizes_checked"]  # the export size, the smallest claimed, a non-square one, one above
+    assert [64, 64] in checked and [2 * step, 2 * step] in checked and [64 + step, 64 + 3 * step] in checked
+    assert any(h != w and h < 64 + step for h, w in checked) and summary["max_abs_diff"] < 1e-4
     torch.manual_seed(0)
     model = create_variant(name, img_size=(64, 64), depth=2, **kwargs).eval()  # the exported weights (same seed)
     x = torch.randn(1, 3, 3 * step, 5 * step)  # a third size, checked here rather than by the command
@@ -263,3 +265,86 @@ def test_onnx_without_the_export_extra_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r'needs (onnx, )?onnxscript: pip install -e "\.\[export\]"'):
         run_export(args)
     assert not list(tmp_path.iterdir())
+
+
+def test_weightformer_dynamic_size_pt2_runs_on_both_sides_of_the_association_switch(tmp_path):
+    """WeightFormer-T's correlation changes association order at M = 48 pooled tokens: 224 px (M = 49) and 192 px
+    (M = 36) take different orders, and the exported graph must take each size's (not guard on the export's)."""
+    from linvit.export import run_export
+
+    out = tmp_path / "m.pt2"
+    args = Namespace(model="weightformer_tiny_patch16_224", model_kwargs={"depth": 2}, img_size=[224], out=str(out))
+    args.format, args.dynamic_batch, args.dynamic_size = None, False, True
+    torch.manual_seed(0)
+    summary = run_export(args)
+    assert summary["sizes_checked"] == [[224, 224], [64, 64], [192, 224], [256, 320]]
+    torch.manual_seed(0)
+    model = create_variant("weightformer_tiny_patch16_224", img_size=(224, 224), depth=2).eval()
+    program = torch.export.load(str(out)).module()
+    for size in [(192, 192), (160, 224), (96, 64)]:
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            torch.testing.assert_close(program(x), model(x), rtol=0, atol=1e-4)
+
+
+def _run_folder(tmp_path, name: str = "vit_4l_patch16_224"):
+    """A classification run folder trained at 32 px (patch 8) as `linvit train` leaves it, and its model."""
+    from linvit.utils.artifacts import save_model_folder
+
+    torch.manual_seed(0)
+    model = _model(name, img_size=32, patch_size=8)
+    with torch.no_grad():  # weights (the position table too) far from their start, as training leaves them
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    save_model_folder(tmp_path / "run", model, {"task": "classification", "model": name})
+    return tmp_path / "run"
+
+
+def _onnx_outputs(path, x: torch.Tensor) -> np.ndarray:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+
+
+def test_dynamic_onnx_of_a_run_folder_equals_the_run_at_its_own_size_and_others(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    run = _run_folder(tmp_path)
+    out = tmp_path / "m.onnx"
+    assert cli_main(["export", "--model", str(run), "--dynamic-size", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "checked at 32 x 32," in printed  # the default --img-size of a run folder is the run's own
+    trained = linvit.load_run(run)
+    for size in [(32, 32), (64, 96), (232, 248)]:
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            np.testing.assert_allclose(_onnx_outputs(out, x), trained(x).numpy(), rtol=0, atol=1e-4)
+
+
+def test_export_of_a_run_folder_at_another_size_checks_against_the_run(tmp_path, capsys):
+    run = _run_folder(tmp_path)
+    out = tmp_path / "m.pt2"
+    args = ["export", "--model", str(run), "--img-size", "64", "--dynamic-size", "--out", str(out)]
+    assert cli_main(args) == 0
+    assert "32 x 32" in capsys.readouterr().out.splitlines()[1]  # the run's own size is among those checked
+    trained, program = linvit.load_run(run), torch.export.load(str(out)).module()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), trained(x), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_dynamic_size_file_refuses_the_sizes_the_command_refuses(fmt, tmp_path, capsys):
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+    out = tmp_path / f"m.{fmt}"
+    args = ["export", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
+    assert cli_main([*args, "--img-size", "64", "--dynamic-size", "--out", str(out)]) == 0
+    run = (lambda x: _onnx_outputs(out, x)) if fmt == "onnx" else torch.export.load(str(out)).module()
+    assert run(torch.randn(1, 3, 48, 80)).shape == (1, 1000)
+    for size in [(100, 100), (16, 16), (16, 64), (64, 72)]:  # off the patch, under two patches
+        with pytest.raises(Exception):  # noqa: B017 (onnxruntime's and torch.export's own errors)
+            run(torch.randn(1, 3, *size))
+    assert "other sizes: " + {"onnx": "onnxruntime fails", "pt2": "the program raises"}[fmt] in capsys.readouterr().out

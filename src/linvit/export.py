@@ -13,11 +13,18 @@ ONNX files are checked against PyTorch with onnxruntime before the command succe
 InfViT families in ONNX and pt2, and for WeightFormer in pt2 only (multiples of two patches: its predictors
 pool 2x2 token windows; its adaptive 3x3 pooling of a symbolic size does not run in onnxruntime at other sizes).
 Models with a fixed-size position embedding (timm's default) need dynamic_img_size=True. Every dynamic file is
-checked at the export size and one more.
+checked across the range it claims (check_sizes: the export size, the smallest, a non-square one below and one
+above it), where the choices above flip (pure InfSA's form is fixed; WeightFormer's association order stays
+per input, layers.dynamic). A dynamic ONNX graph carries its own size check (SizeGuard): onnxruntime has
+no shape constraints, so without it H, W off the step or under two steps would run and return numbers.
+
+Files are checked against the model the user named, as PyTorch runs it: a run folder as linvit.load_run loads
+it (at its own size, resampling its own position table elsewhere; the default --img-size is the run's own).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
@@ -48,18 +55,34 @@ def resolve_format(fmt: str | None, out: Path) -> str:
     return fmt or implied
 
 
-def load_export_model(spec: str, model_kwargs: dict, img_size: tuple[int, int]) -> tuple[nn.Module, str]:
-    """A registered model name (random init unless --checkpoint) or a run folder (its trained weights)."""
+def load_export_model(spec: str, model_kwargs: dict, img_size: tuple[int, int] | None) -> tuple[nn.Module, str, bool]:
+    """(model, name, is_run): a registered model name (random init, at img_size when given) or a run folder
+    as linvit.load_run loads it: built at its own size, so the file is the trained model and not one with its
+    position table resampled at load."""
     run = read_run_config(spec) if Path(spec).is_dir() else None
     if run is not None:
         folder, config = run
         if not config.get("architecture"):
             raise UsageError(f"{folder}: a {config['linvit'].get('task')} run; export takes classification runs")
-        model = timm.create_model(f"local-dir:{folder}", pretrained=True, img_size=img_size, **model_kwargs)
-        return model, config["architecture"]
+        model = timm.create_model(f"local-dir:{folder}", pretrained=True, **model_kwargs)  # = linvit.load_run
+        return model, config["architecture"], True
     if Path(spec).exists():
         raise UsageError(f"{spec}: not a linvit run folder (no config.json from `linvit train`)")
-    return create_variant(spec, img_size=img_size, **model_kwargs), spec
+    size = {} if img_size is None else {"img_size": img_size}
+    return create_variant(spec, **size, **model_kwargs), spec, False
+
+
+def own_size(model: nn.Module) -> tuple[int, int]:
+    """The input size the model was built for (its position table's, a run's training size)."""
+    size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if size is None:
+        size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (3, 224, 224))[-2:]
+    return tuple(int(s) for s in size)
+
+
+def takes_other_sizes(model: nn.Module) -> bool:
+    """Whether the model runs at sizes other than own_size (WeightFormer has no position table)."""
+    return isinstance(model, WeightFormer) or bool(getattr(model, "dynamic_img_size", False))
 
 
 def fix_size_dependent_choices(model: nn.Module, img_size: tuple[int, int]) -> list[str]:
@@ -94,11 +117,27 @@ def size_step(model: nn.Module, fmt: str) -> int:
     return patch
 
 
+class SizeGuard(nn.Module):
+    """model behind an in-graph size check for dynamic ONNX files: onnxruntime has no shape constraints, so
+    the check reads H and W as a tensor (not folded away as symbolic shapes are) and indexes out of range,
+    an onnxruntime error (INVALID_ARGUMENT in a Gather node), at sizes the graph does not accept. Adds 0."""
+
+    def __init__(self, model: nn.Module, step: int) -> None:
+        super().__init__()
+        self.model, self.step = model, step
+        self.train(model.training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = torch.tensor(x.shape[-2:], device=x.device)
+        bad = ((size % self.step) != 0).any() | (size < 2 * self.step).any()
+        return self.model(x + torch.zeros(1, dtype=x.dtype, device=x.device)[bad.long()])
+
+
 def export_model(
     model: nn.Module, fmt: str, out: Path, example: torch.Tensor, dynamic_batch: bool, step: int | None = None
 ) -> None:
     """Write model to out in fmt for inputs shaped like example: batch dynamic if asked, H and W symbolic
-    multiples of step when step is given."""
+    multiples of step when step is given (ONNX: behind SizeGuard; pt2 programs check their inputs themselves)."""
     axes = {0: torch.export.Dim("batch", min=1, max=4096)} if dynamic_batch else {}
     if step is not None:
         axes[2] = step * torch.export.Dim("height_steps", min=2, max=MAX_SIDE // step)
@@ -108,7 +147,8 @@ def export_model(
         torch.export.save(torch.export.export(model, (example,), dynamic_shapes=dims), str(out))
     elif fmt == "onnx":
         require_onnx()
-        program = torch.onnx.export(model, (example,), dynamo=True, dynamic_shapes=dims, verbose=False)
+        graph = model if step is None else SizeGuard(model, step)
+        program = torch.onnx.export(graph, (example,), dynamo=True, dynamic_shapes=dims, verbose=False)
         program.save(str(out))
     elif fmt == "torchscript":  # scripted, not traced: every batch and input size runs
         torch.jit.save(torch.jit.script(model), str(out))
@@ -125,13 +165,18 @@ def require_onnx() -> None:
         raise UsageError(f'writing ONNX files needs {", ".join(missing)}: pip install -e ".[export]"')
 
 
-def check_onnx(model: nn.Module, path: Path, shape: tuple[int, ...], batches: list[int]) -> float:
-    """Max abs difference between onnxruntime and PyTorch on random inputs of shape (batch, *shape) per batch."""
+def onnx_session(path: Path):
+    """An onnxruntime CPU session for path, or a one-line error when onnxruntime is missing."""
     try:
         import onnxruntime
     except ImportError as err:
         raise UsageError('checking ONNX files needs onnxruntime: pip install -e ".[export]"') from err
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def check_onnx(model: nn.Module, path: Path, shape: tuple[int, ...], batches: list[int]) -> float:
+    """Max abs difference between onnxruntime and PyTorch on random inputs of shape (batch, *shape) per batch."""
+    session = onnx_session(path)
     name = session.get_inputs()[0].name
     worst = 0.0
     for batch in batches:
@@ -143,15 +188,38 @@ def check_onnx(model: nn.Module, path: Path, shape: tuple[int, ...], batches: li
     return worst
 
 
+def check_sizes(img_size: tuple[int, int], step: int | None, run_size: tuple[int, int] | None) -> list[tuple]:
+    """The input sizes a file is checked at: the export size; for a dynamic one also the smallest it claims, a
+    non-square one below the export size (or beside it when that is the smallest) and one above, so a choice
+    that flips with the token count is checked on both sides; a run folder's own size wherever it is accepted."""
+    sizes = [img_size]
+    if step is not None:
+        h, w = img_size
+        below = (h - step, w) if h - step >= 2 * step else (h, w + step)
+        sizes += [(2 * step, 2 * step), below, (h + step, w + 3 * step)]
+        if run_size is not None and run_size[0] % step == 0 and run_size[1] % step == 0 and min(run_size) >= 2 * step:
+            sizes.append(run_size)
+    return list(dict.fromkeys(sizes))
+
+
 def run_export(args) -> dict:
     """`linvit export`: write the file, check it (ONNX: onnxruntime; pt2/TorchScript: reloaded), print a summary."""
-    img_size = tuple(args.img_size) if len(args.img_size) == 2 else (args.img_size[0],) * 2
+    size_arg = getattr(args, "img_size", None)
+    img_size = None if size_arg is None else (tuple(size_arg) if len(size_arg) == 2 else (size_arg[0],) * 2)
     out = Path(args.out)
     if out.is_dir():
         raise UsageError(f"--out {out} is a folder; give the file to write, e.g. {out / 'model.onnx'}")
     args.format = resolve_format(args.format, out)
-    model, name = load_export_model(args.model, args.model_kwargs, img_size)
+    model, name, is_run = load_export_model(args.model, args.model_kwargs, img_size)
     model.eval()
+    run_size = own_size(model) if is_run else None
+    img_size = img_size or own_size(model)
+    if is_run and img_size != run_size and not takes_other_sizes(model):
+        raise UsageError(
+            f"{args.model} takes {run_size[0]} x {run_size[1]} only (a fixed-size position table): export at that "
+            "size, or add --model-kwargs dynamic_img_size=True to resample it per input"
+        )
+    reference = copy.deepcopy(model)  # the model as named: the export's fixed choices below do not touch it
     scripted = args.format == "torchscript"
     step = size_step(model, args.format) if getattr(args, "dynamic_size", False) else None
     chosen = [] if scripted else fix_size_dependent_choices(model, img_size)
@@ -163,11 +231,11 @@ def run_export(args) -> dict:
             f"--dynamic-size exports at multiples of {step} px, at least {2 * step}: --img-size {img_size}"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")  # renamed to out once checked: nothing half-written at out
+    partial = out.with_name(f"{out.stem}.partial{out.suffix}")  # renamed to out once checked: never half-written
     batches = [1, 3] if args.dynamic_batch or scripted else [example.shape[0]]
-    sizes = [img_size] if step is None else [img_size, (img_size[0] + step, img_size[1] + 3 * step)]
+    sizes = check_sizes(img_size, step, run_size)
     try:
-        diff = _write_and_check(model, args, partial, example, batches, sizes, step)
+        diff = _write_and_check(model, reference, args, partial, example, batches, sizes, step)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
@@ -180,11 +248,19 @@ def run_export(args) -> dict:
     summary.update(accepted_sizes=accepted_sizes(img_size, step, scripted), sizes_checked=[list(s) for s in sizes])
     print(f"{name} -> {out} ({args.format}, {out.stat().st_size / 2**20:.1f} MiB); max abs diff {diff:.2e}")
     print(f"accepts {summary['accepted_sizes']}; checked at " + ", ".join(f"{h} x {w}" for h, w in sizes))
+    if step is not None:
+        print(f"other sizes: {REFUSAL[args.format]}")
     if scripted:
         print("scripted: runs at any batch and input size (PyTorch deprecates TorchScript; pt2 and onnx are kept up)")
     if chosen:
         print("pure InfSA forms fixed for export: " + ", ".join(sorted(set(c.split(": ")[1] for c in chosen))))
     return summary
+
+
+REFUSAL = {  # what a dynamic file does at a size it does not accept
+    "onnx": "onnxruntime fails (INVALID_ARGUMENT in a Gather node: the graph's size check)",
+    "pt2": "the program raises (its input shape check)",
+}
 
 
 def accepted_sizes(img_size: tuple[int, int], step: int | None, scripted: bool) -> str:
@@ -196,20 +272,37 @@ def accepted_sizes(img_size: tuple[int, int], step: int | None, scripted: bool) 
     return f"H and W multiples of {step} px from {2 * step} to {MAX_SIDE}"
 
 
-def _write_and_check(model: nn.Module, args, path: Path, example, batches: list[int], sizes: list, step) -> float:
-    """Export to path and return the max abs difference of the file's outputs to PyTorch's, at every batch
-    size and input size checked."""
+def _write_and_check(
+    model: nn.Module, reference: nn.Module, args, path: Path, example, batches: list[int], sizes: list, step
+) -> float:
+    """Export model to path and return the max abs difference of the file's outputs to the reference's, at every
+    batch size and input size checked; a size the file fails at is a one-line error."""
     with warnings.catch_warnings():  # torch warns on every torch.jit call; one note in run_export says it once
         warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
         with torch.no_grad():
             export_model(model, args.format, path, example, args.dynamic_batch, step)
-        if args.format == "onnx":
-            return max(check_onnx(model, path, (3, *size), batches) for size in sizes)
-        reloaded = torch.export.load(str(path)).module() if args.format == "pt2" else torch.jit.load(str(path))
+        run = _loaded(path, args.format)
         diff = 0.0
-        for batch in batches:
-            for size in sizes:
+        for size in sizes:
+            for batch in batches:
                 x = torch.randn(batch, 3, *size)
                 with torch.no_grad():
-                    diff = max(diff, float((reloaded(x) - model(x)).abs().max()))
+                    expected = reference(x)
+                    try:
+                        got = run(x)
+                    except Exception as err:  # a guard of the exported graph, or an op that cannot take the size
+                        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                        raise UsageError(f"the exported file fails at {size[0]} x {size[1]}: {first}") from err
+                diff = max(diff, float((got - expected).abs().max()))
         return diff
+
+
+def _loaded(path: Path, fmt: str):
+    """The written file as a callable on tensors (onnxruntime for ONNX)."""
+    if fmt == "pt2":
+        return torch.export.load(str(path)).module()
+    if fmt == "torchscript":
+        return torch.jit.load(str(path))
+    session = onnx_session(path)
+    name = session.get_inputs()[0].name
+    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
