@@ -17,10 +17,10 @@ from timm.layers import register_notrace_module
 
 from ..errors import UsageError
 from ..ops import katz_infsa, linear_infsa, pure_infsa
-from ..ops.common import accumulation_dtype, merges_with_next, no_autocast, products_dtype
+from ..ops.common import accumulation_dtype, autocast_dtype, merges_with_next, no_autocast, products_dtype
 from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
 from ..ops.katz import feature_map as katz_feature_map
-from ..ops.katz import katz_factors, katz_features, katz_mixing, katz_token_sums
+from ..ops.katz import katz_factors, katz_features, katz_mixing, katz_token_sums, mixing_as
 from .graph_capture import call_eagerly, is_fx_tracing, stateless_call
 
 torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see graph_capture.call_eagerly)
@@ -244,7 +244,7 @@ class LinearInfSAAttention(_InfSABase):
         u = W_k^T q_key and c = b_k . q_key come from one (H, B, D) x (H, D, C + 1) product.
         """
         C = xa.shape[-1]
-        u = torch.bmm(q_key.transpose(0, 1), weights.w_key).permute(1, 2, 0)  # (B, C or C + 1, H)
+        u = torch.bmm(q_key.transpose(0, 1), weights.w_key.to(q_key.dtype)).permute(1, 2, 0)  # (B, C or C + 1, H)
         if u.shape[1] == C:
             return torch.bmm(xa, u)
         return torch.baddbmm(u[:, C:], xa, u[:, :C])
@@ -252,16 +252,20 @@ class LinearInfSAAttention(_InfSABase):
     def pooled_output(self, chunks: list[torch.Tensor]) -> torch.Tensor:
         """The mixer output shared by every token, (B, 1, C), from a re-iterable of input chunks.
 
-        Two streaming passes (soft query, then importance-weighted sums), with K and V folded:
+        Under autocast it is returned in the autocast dtype, as every mixer's output (the output projection,
+        an autocast matmul in timm's Attention); otherwise in the input's dtype. Two streaming passes (soft
+        query, then importance-weighted sums), with K and V folded:
         z = (W_v sum_j a_j x_j + b_v sum_j a_j) / ((sum_j a_j + eps) / gamma), a_j = ReLU(logit_j).
         Only O(B H C) state is kept between chunks, so memory is bounded by the chunk size.
         """
         weights = self.folded_weights()
         q_key = self._query_key(chunks, weights)  # the Q projection itself may run under autocast
         if not torch.jit.is_scripting():
-            with no_autocast(q_key):  # the output projection in the weights' dtype, the result in the input's
+            out_dtype = autocast_dtype(q_key)  # every mixer's contract: what timm's Attention returns
+            with no_autocast(q_key):  # the output projection in the weights' dtype
                 z = self._pooled_value(chunks, q_key, weights)
-                return self.proj(self.norm(z.to(self.proj.weight.dtype))).to(z.dtype)
+                out = self.proj(self.norm(z.to(self.proj.weight.dtype)))
+                return out.to(z.dtype if out_dtype is None or z.dtype == torch.float64 else out_dtype)
         return self.proj(self.norm(self._pooled_value(chunks, q_key, weights)))
 
     def _pooled_value(self, chunks: list[torch.Tensor], q_key: torch.Tensor, weights: FoldedWeights) -> torch.Tensor:
@@ -341,7 +345,7 @@ class KatzInfSAAttention(_InfSABase):
             fq = self.token_features(q)
         tokens = fq.transpose(1, 2).reshape(B, N, H * d)  # a view: fq is token-major
         weight = self.proj.weight.view(-1, H, mixing.shape[-1]).permute(1, 2, 0)  # (H, D, C_out)
-        folded = (mixing @ weight.to(mixing.dtype)).reshape(B, H * d, -1).to(q.dtype)  # (B, H*d, C_out)
+        folded = mixing_as((mixing @ weight.to(mixing.dtype)).reshape(B, H * d, -1), q.dtype)  # (B, H*d, C_out)
         bias = self.proj.bias
         if bias is None:
             return torch.bmm(tokens, folded)
@@ -376,5 +380,5 @@ class KatzInfSAAttention(_InfSABase):
             if isinstance(self.norm, nn.Identity):
                 return self.project_mixed(q, mixing)
             fq = katz_features(q, self.feature_map, products_dtype(q))[0]
-            out = fq @ mixing.to(fq.dtype)
+            out = fq @ mixing_as(mixing, fq.dtype)
         return self.merge_heads(out.to(q.dtype))

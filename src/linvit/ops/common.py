@@ -92,11 +92,11 @@ def sum_over_tokens(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def float32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b of (B, H, n, N) and (B, H, N, y) half tensors, summed over N in float32 with a float32 result and
-    float32 gradients (call with autocast off). For products whose float32 result is scaled by factors that
-    float16 cannot hold (pure InfSA's gamma / (norm + eps) of an all-zero head is ~1e6, its unnormalised
-    sums over ~2k tokens exceed 65504): the scaled gradient then stays float32 until it reaches a and b."""
-    summed = HalfProductsFloat32Sum.apply(a.flatten(0, 1), b.flatten(0, 1), True)
+    """a @ b of (B, H, n, N) and (B, H, N, y) half tensors, summed over N in float32 with a float32 result
+    (call with autocast off), so that a scale applied next rounds once, not three times. float16 gradients
+    stay float32 until they reach a and b: pure InfSA's gamma / (norm + eps) of an all-zero head (~1e6) and
+    its unnormalised sums over ~2k tokens exceed float16's 65504; bfloat16 has float32's range."""
+    summed = HalfProductsFloat32Sum.apply(a.flatten(0, 1), b.flatten(0, 1), a.dtype == torch.float16)
     return summed.unflatten(0, (a.shape[0], a.shape[1]))
 
 

@@ -83,6 +83,13 @@ def masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     the kept ones, not even through the normalisation (linvit's reading, docs/spec/infsa.md section 2). A
     mask shared by every head or sample (size 1 or stride 0 there) is read once, never copied per head.
     """
+    if not torch.jit.is_scripting():  # autocast would run the sums of squares in half precision
+        with no_autocast(row_sq):
+            return _masked_row_norms(row_sq, mask)
+    return _masked_row_norms(row_sq, mask)
+
+
+def _masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     B, H, N = row_sq.shape
     if mask.shape[1] == 1 or mask.stride(1) == 0:  # one mask for every head (causal, padding): no copy per head
         shared = mask[:, 0]
@@ -136,7 +143,8 @@ def pure_infsa(
     makes two passes over query blocks (norm first, output second) so at most B*H*block*N scores
     exist at once; with gradients enabled each block is recomputed in backward (checkpointing), so
     training memory stays bounded too. ``"auto"`` picks the chunked form when one sample's H*N*N scores
-    exceed ``max_dense_scores`` (per sample, so the batch size never changes the form).
+    exceed ``max_dense_scores`` (per sample, so the batch size never changes the form). Graphs captured by
+    torch.export (pt2, ONNX) take the dense form whatever ``impl`` says: their N is symbolic.
 
     Args:
         q, k, v: (B, H, N, D) tensors.
@@ -159,6 +167,9 @@ def pure_infsa(
     _, H, N, _ = q.shape
     g = gamma_as_tensor(gamma, H, v)
     mask = _check_mask(attn_mask, q)
+    if not torch.jit.is_scripting():  # an exported graph takes any N, so it has one form: the chunked form's
+        if torch.compiler.is_exporting() and impl != "dense":  # loop and "auto"'s choice would guard on N
+            impl = "dense"
     if impl == "auto":
         impl = "chunked" if H * N * N > max_dense_scores else "dense"
     if impl == "dense":
@@ -194,12 +205,12 @@ def _pure_infsa_dense(
 def scaled_product(scores: torch.Tensor, v: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """(scores @ v) * scale in v's dtype, for a scale of shape (B, H, n or 1, 1) in the accumulation dtype.
 
-    float16 scores are summed over the N keys in float32 (float32_matmul) and scaled there: float16's range
-    (65504) holds neither gamma / (norm + eps) of a head whose scores are all zero (~1e6, and 0 * inf = NaN)
-    nor the unnormalised sums over ~2k tokens. Other dtypes multiply in their own: bfloat16 has float32's
-    range, and its matmuls accumulate in float32.
+    Half scores are summed over the N keys in float32 (float32_matmul) and scaled there, rounded once at the
+    end: float16's range (65504) holds neither gamma / (norm + eps) of a head whose scores are all zero (~1e6,
+    and 0 * inf = NaN) nor the unnormalised sums over ~2k tokens, and bfloat16 rounded the sum, the scale and
+    their product (2.3x float32's error in a converted LM).
     """
-    if scores.dtype == torch.float16:
+    if scores.dtype == torch.float16 or scores.dtype == torch.bfloat16:  # TorchScript reads no module tuples
         if not torch.jit.is_scripting():
             with no_autocast(v):
                 out = float32_matmul(scores, v.to(scores.dtype))

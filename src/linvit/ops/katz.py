@@ -140,7 +140,16 @@ def katz_infsa(
 
 def _katz_infsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, feature_map: str):
     fq, mixing = katz_factors(q, k, v, gamma, eps, feature_map)
-    return (fq @ mixing.to(fq.dtype)).to(v.dtype)
+    return (fq @ mixing_as(mixing, fq.dtype)).to(v.dtype)
+
+
+def mixing_as(mixing: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The mixing X (or X folded into a projection) in the token features' dtype. float16 saturates at its
+    largest finite value instead of overflowing: X is that large (~gamma c^2 / eps) only in a head whose
+    features are (almost) all zero, where f X is ~0, and an inf would make it 0 * inf = NaN."""
+    if dtype == torch.float16:
+        mixing = mixing.clamp(-65504.0, 65504.0)  # float16's largest finite value (TorchScript has no finfo)
+    return mixing.to(dtype)
 
 
 def katz_factors(
