@@ -1,0 +1,97 @@
+"""Every mixer layer (conformance_entries.mixer_entries) and functional op, in every precision (issue 39).
+
+The dtype contract (README "Numerics and precision"): a mixer returns what timm's Attention returns, the
+autocast dtype under autocast and the input's dtype otherwise. A head whose scores are all zero (W_q = 0) or
+all negative stays finite in float16, forward and backward, under autocast and after `.half()`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conformance_entries import WIDTH, mixer_entries
+
+from conftest import rel_err
+from linvit.ops import katz_infsa, linear_infsa, pure_infsa
+
+MIXERS = mixer_entries()
+IDS = [m[0] for m in MIXERS]
+PRECISIONS = [("float32", 1e-5), ("autocast-bfloat16", 1e-2), ("autocast-float16", 5e-3), ("half-float16", 5e-3)]
+
+
+def _tokens(batch: int = 2, n: int = 16, dtype=torch.float32) -> torch.Tensor:
+    return (torch.randn(batch, n, WIDTH, generator=torch.Generator().manual_seed(0)) + 0.3).to(dtype)
+
+
+def _call(layer, x, mode: str) -> torch.Tensor:
+    if mode.startswith("autocast"):
+        with torch.autocast("cpu", dtype=torch.bfloat16 if mode.endswith("bfloat16") else torch.float16):
+            return layer(x)
+    return layer(x)
+
+
+def _prepared(layer, mode: str):
+    return (layer.half(), _tokens(dtype=torch.float16)) if mode.startswith("half") else (layer, _tokens())
+
+
+@pytest.mark.parametrize("mode, tol", PRECISIONS, ids=[p[0] for p in PRECISIONS])
+@pytest.mark.parametrize("build", [m[1] for m in MIXERS], ids=IDS)
+def test_mixer_against_float64_and_its_output_dtype(build, mode, tol):
+    layer = build().eval()
+    with torch.no_grad():
+        reference = copy.deepcopy(layer).double()(_tokens(dtype=torch.float64))
+    layer, x = _prepared(layer, mode)
+    out = _call(layer, x, mode)
+    expected_dtype = torch.bfloat16 if "bfloat16" in mode else torch.float16 if "float16" in mode else torch.float32
+    assert out.dtype == expected_dtype, f"{mode}: returns {out.dtype}"
+    assert rel_err(out, reference) <= tol, f"{mode}: {rel_err(out, reference):.2e} > {tol:g}"
+    out.float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("mode", ["float32", "autocast-float16", "half-float16", "autocast-bfloat16"])
+@pytest.mark.parametrize("build", [m[1] for m in MIXERS], ids=IDS)
+def test_a_head_whose_scores_are_all_zero_stays_finite(build, mode):
+    layer = build().eval()
+    with torch.no_grad():  # head 0's queries are zero: every score of that head is 0
+        layer.qkv.weight[: layer.head_dim].zero_()
+        layer.qkv.bias[: layer.head_dim].zero_()
+    layer, x = _prepared(layer, mode)
+    x.requires_grad_(True)
+    out = _call(layer, x, mode)
+    assert torch.isfinite(out).all(), f"{mode}: non-finite output"
+    out.float().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+
+
+def _pure_causal(q, k, v, g):
+    return pure_infsa(q, k, v, g, attn_mask=torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril())
+
+
+OPS = {
+    "pure-dense": lambda q, k, v, g: pure_infsa(q, k, v, g, impl="dense"),
+    "pure-chunked": lambda q, k, v, g: pure_infsa(q, k, v, g, impl="chunked", block_size=5),
+    "pure-causal": _pure_causal,
+    "linear": linear_infsa,
+    "katz": katz_infsa,
+}
+
+
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
+def test_ops_in_float16_with_a_head_of_negative_scores(op):
+    """Head 0: every q . k < 0 (and so every ReLU score 0); head 1 ordinary. float16 is finite everywhere
+    (forward and backward) and within 5e-3 of float64 on the same rounded inputs."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 23, 8, generator=gen) for _ in range(3))
+    q[:, 0], k[:, 0] = -q[:, 0].abs() - 0.1, k[:, 0].abs() + 0.1
+    q[:, 1], k[:, 1] = q[:, 1] + 0.5, k[:, 1] + 0.5
+    half = [t.half().requires_grad_() for t in (q, k, v)]
+    out = op(*half, 0.9)
+    reference = op(*(t.detach().double() for t in half), 0.9)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert rel_err(out, reference) <= 5e-3
+    out.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in half)
