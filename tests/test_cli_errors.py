@@ -160,6 +160,7 @@ def test_errors_name_the_real_problem(data, tmp_path, capsys):
     explain = ["explain", "--data", str(data), "--out", str(tmp_path / "ex")]
     _fails_cleanly([*explain, "--checkpoint", missing], capsys, missing, "no such file or folder")
     _fails_cleanly(["eval", "--data", str(data), "--checkpoint", missing], capsys, "no such file or folder")
+    _fails_cleanly(["export", "--model", missing, "--out", str(tmp_path / "m.pt2")], capsys, missing, "no such file")
     text = tmp_path / "notes.pth"
     text.write_text("these are my notes\nnot weights\n")
     model = ["--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
