@@ -275,7 +275,9 @@ def _correlation_in_cond(
     def in_order(order: bool):
         return lambda lt, rt: _correlation_in_order(lt, left_map, rt, right_map, order)
 
-    return torch.cond(factors_first, in_order(True), in_order(False), (left, right))
+    # torch.cond takes no operands that alias each other (left and right are views of one tensor where a
+    # predictor splits one projection); the pooled tokens are small, so one copy costs nothing
+    return torch.cond(factors_first, in_order(True), in_order(False), (left, right.clone()))
 
 
 def _correlation_core_first(
