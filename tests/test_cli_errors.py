@@ -159,6 +159,10 @@ def test_errors_name_the_real_problem(data, tmp_path, capsys):
     _fails_cleanly(["demo", "--checkpoint", missing], capsys, "no such file or folder")
     explain = ["explain", "--data", str(data), "--out", str(tmp_path / "ex")]
     _fails_cleanly([*explain, "--checkpoint", missing], capsys, missing, "no such file or folder")
+    empty = tmp_path / "empty"
+    empty.mkdir()  # the checkpoint's problem is named first, whatever the pictures' is
+    explain_empty = ["explain", "--data", str(empty), "--out", str(tmp_path / "ex2"), "--checkpoint", missing]
+    _fails_cleanly(explain_empty, capsys, missing, "no such file or folder")
     _fails_cleanly(["eval", "--data", str(data), "--checkpoint", missing], capsys, "no such file or folder")
     _fails_cleanly(["export", "--model", missing, "--out", str(tmp_path / "m.pt2")], capsys, missing, "no such file")
     text = tmp_path / "notes.pth"

@@ -566,3 +566,19 @@ def test_resume_refuses_a_changed_model_and_follows_a_longer_plan(data, tmp_path
     assert cli_main(["train", "--config", str(tmp_path / "run" / "args.yaml"), "--resume", "auto"]) == 0
     out = capsys.readouterr().out
     assert "resumed from" in out and "new schedule" not in out
+
+
+def test_one_folder_spelled_two_ways_is_the_same_plan(tmp_path, monkeypatch):
+    """A resume with --data ./digits, digits/ or an absolute path is the run's own plan, not a changed one;
+    another folder is still a change."""
+    from argparse import Namespace
+
+    from linvit.engine import plan_changes
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "digits").mkdir()
+    (tmp_path / "other").mkdir()
+    saved = {"data": "digits", "epochs": "3"}
+    for spelling in ("./digits", "digits/", str(tmp_path / "digits"), str(tmp_path / ".." / tmp_path.name / "digits")):
+        assert plan_changes(saved, Namespace(data=spelling, epochs=3)) == {}
+    assert plan_changes(saved, Namespace(data="other", epochs=3)) == {"data": ("digits", "other")}

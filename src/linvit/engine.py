@@ -72,7 +72,18 @@ def plan_changes(saved: dict, args) -> dict[str, tuple[str, str]]:
     knows (another linvit version) is no change."""
     now = {k: str(v) for k, v in vars(args).items()}
     shared = (saved.keys() & now.keys()) - RUNTIME_FLAGS - DISPATCH_FIELDS
-    return {k: (saved[k], now[k]) for k in sorted(shared) if stored_value(saved[k]) != stored_value(now[k])}
+    return {k: (saved[k], now[k]) for k in sorted(shared) if not same_value(saved[k], now[k])}
+
+
+def same_value(saved: str, now: str) -> bool:
+    """Whether a stored flag value and this command's are the same: equal values, or one existing file or
+    folder spelled two ways (digits, ./digits, digits/, an absolute path)."""
+    a, b = stored_value(saved), stored_value(now)
+    if a == b:
+        return True
+    if isinstance(a, str) and isinstance(b, str) and Path(a).exists() and Path(b).exists():
+        return Path(a).resolve() == Path(b).resolve()
+    return False
 
 
 def describe_changes(changes: dict[str, tuple[str, str]]) -> str:

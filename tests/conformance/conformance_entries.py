@@ -7,7 +7,8 @@
 - mixers: every attention layer of `linvit.models.infvit.MIXERS` with each of its options.
 
 A new family, variant, DiT mixer or mixer option is enrolled without editing this file. Tiny builds of
-different names that come out identical (infvit_tiny and infvit_small at width 32) are checked once.
+different names that come out identical (infvit_tiny and infvit_small at width 32: the same modules and
+parameter shapes) are checked once.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def classifier_entries() -> list[Entry]:
         if variant is not None and not _variant_applies(name, variant):
             continue
         torch.manual_seed(0)
-        key = f"{variant}|{_classifier(name, variant)!r}"
+        model = _classifier(name, variant)
+        shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]  # img_size shows in pos_embed
+        key = f"{variant}|{model!r}|{shapes}"
         spec = name if variant is None else f"{name}:{variant}"
         found.setdefault(
             key,

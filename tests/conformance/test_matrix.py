@@ -181,3 +181,36 @@ def test_degenerate_inputs_stay_finite(entry, mode):
         with torch.no_grad():
             out = _run(model, (x, *inputs[1:]), mode)
         assert torch.isfinite(out).all(), f"{entry.id} {mode}: non-finite output for a constant {fill} input"
+
+
+LMS = [e for e in ENTRIES if e.kind == "lm"]
+
+
+@pytest.mark.parametrize("entry", LMS, ids=[e.id for e in LMS])
+def test_a_language_models_cache_survives_pickle_deepcopy_and_reorder(entry):
+    """The KV cache with linvit's row-norm state: torch.save / load, deepcopy and beam search's reorder_cache,
+    each continued by one decoding step, equal a full forward of the same prefix."""
+    import io
+
+    import transformers
+
+    model = _model(entry)
+    ids = _inputs(entry, 2, torch.float32)[0]
+    step = ids[:, :1]
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        buffer = io.BytesIO()
+        torch.save(cache, buffer)
+        copies = {
+            "pickled": torch.load(io.BytesIO(buffer.getvalue()), weights_only=False),
+            "deepcopy": copy.deepcopy(cache),
+        }
+        copies["deepcopy"].reorder_cache(torch.tensor([1, 0]))
+        expected = {
+            "pickled": model(torch.cat([ids, step], 1), use_cache=False).logits[:, -1],
+            "deepcopy": model(torch.cat([ids[[1, 0]], step], 1), use_cache=False).logits[:, -1],
+        }
+        for name, other in copies.items():
+            got = model(step, cache=other, use_cache=True).logits[:, -1]
+            assert rel_err(got, expected[name]) <= 1e-5, name

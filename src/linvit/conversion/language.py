@@ -18,7 +18,6 @@ Linear- and Katz-InfSA pool every token into one summary, which has no causal fo
 from __future__ import annotations
 
 import math
-import types
 
 import torch
 import torch.nn as nn
@@ -180,11 +179,18 @@ def _all_rows(module, row_sq: torch.Tensor, kv_len: int) -> torch.Tensor:
 def _follow_reorders(cache) -> None:
     """Make cache.reorder_cache (beam search, between steps) reorder the row-norm state with the keys and values."""
     if "reorder_cache" not in cache.__dict__:
-        cache.reorder_cache = types.MethodType(_reorder_with_row_norms, cache)  # deepcopy rebinds it to the copy
+        cache.reorder_cache = _ReorderWithRowNorms(cache)
 
 
-def _reorder_with_row_norms(cache, beam_idx: torch.Tensor) -> None:
-    type(cache).reorder_cache(cache, beam_idx)
-    states = cache.__dict__.get(STATE, {})
-    for layer, rows in states.items():
-        states[layer] = rows.index_select(0, beam_idx.to(rows.device))
+class _ReorderWithRowNorms:
+    """A cache's reorder_cache that also reorders linvit's row-norm state. An object, not a bound method, so
+    the cache still pickles (torch.save) and deep-copies (the copy's reorder reorders the copy)."""
+
+    def __init__(self, cache) -> None:
+        self.cache = cache
+
+    def __call__(self, beam_idx: torch.Tensor) -> None:
+        type(self.cache).reorder_cache(self.cache, beam_idx)
+        states = self.cache.__dict__.get(STATE, {})
+        for layer, rows in states.items():
+            states[layer] = rows.index_select(0, beam_idx.to(rows.device))

@@ -12,7 +12,7 @@ import torch
 from ..data import boxes_for, load_boxes
 from ..errors import UsageError
 from ..evaluate import write_json
-from ..utils.artifacts import read_run_config
+from ..utils.artifacts import check_exists, read_run_config
 from ..utils.paths import output_dir
 from .erf import effective_receptive_field
 from .inputs import AnalysisInputs, load_inputs
@@ -112,6 +112,8 @@ def plot_curves(morf: torch.Tensor, lerf: torch.Tensor, path: Path, title: str) 
 def run_explain(args) -> dict:
     """Maps of a run or model on a folder of pictures; with labels MoRF/LeRF and accuracy, with boxes box AUCs
     and the pointing game. Writes metrics.json, predictions.jsonl, maps.npz (with the pictures' paths) and PNGs."""
+    if args.checkpoint:
+        check_exists(args.checkpoint)  # the model's problem before the pictures' (a typo in --checkpoint)
     out = output_dir(Path(args.out))
     inputs = load_inputs(args, args.limit)
     boxes = picture_boxes(args, inputs)
