@@ -244,3 +244,26 @@ def test_an_encoder_decoder_model_is_refused_in_one_line():
     cfg = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)
     with pytest.raises(ValueError, match="encoder-decoder models .* are not supported"):
         linvit.convert(transformers.T5ForConditionalGeneration(cfg), "pure_infsa")
+
+
+def test_a_decoding_step_compares_no_keys_on_the_host():
+    """Issue 39: every layer's torch.equal(key, last_key) read the device once per step (a host sync, which
+    also blocks one CUDA-graph decode step); the cache check is now by shapes alone."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountEqual(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket == torch.ops.aten.equal:
+                CountEqual.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    model = _converted("llama")
+    ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(8))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        with CountEqual():
+            model(ids[:, :1], cache=cache, use_cache=True)
+    assert CountEqual.calls == 0
