@@ -95,3 +95,14 @@ def test_ops_in_float16_with_a_head_of_negative_scores(op):
     assert rel_err(out, reference) <= 5e-3
     out.float().sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in half)
+
+
+def test_dense_pure_infsa_in_float16_at_2048_tokens():
+    """The dense form summed scores @ v in float16 before scaling: at N = 2048 the unnormalised sums pass
+    float16's 65504 (the normalised output is ~1)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = ((torch.randn(1, 1, 2048, 16, generator=gen) + 4.0).half() for _ in range(3))  # sums ~1.3e5
+    out = pure_infsa(q, k, v, 0.9, impl="dense")
+    reference = pure_infsa(q.double(), k.double(), v.double(), 0.9, impl="dense")
+    assert torch.isfinite(out).all()
+    assert rel_err(out, reference) <= 5e-3
