@@ -1,29 +1,49 @@
 #!/usr/bin/env bash
-# The GPU tables of docs/benchmarks.md (CUDA, bf16; raw records in docs/bench/gpu_h200/gpu_*/):
-#   bash scripts/gpu_bench.sh                  # every table: 116 points, 58 of them compiled
-#   bash scripts/gpu_bench.sh gpu_family4l     # one table (48 points), gpu_weightformer (32) or gpu_generate (36)
-#   bash scripts/gpu_bench.sh --dry-run        # every point at 32 px on the CPU: checks the plan anywhere
-# Each point is a fresh process (~10 s to start on a GPU machine) and each compiled point compiles
-# (~10-30 s), so the tables take longer than one 10-minute call: run them one per call there.
-# Extra arguments go to `linvit bench` (e.g. --compile off to skip the compiled points). The first call also
-# runs the CUDA-only tests into $out/cuda_tests.txt.
+# The GPU evidence of docs/benchmarks.md in one short device call (issue 37; src/linvit/bench/gpu_plan.py):
+#   bash scripts/gpu_bench.sh              # the plan on CUDA, bf16, most important rows first, <= 7 minutes from a
+#                                          # cold machine; prints its estimated device time first; each row is appended
+#                                          # to $OUT_DIR/points.jsonl as it is measured; a later call resumes (--fresh:
+#                                          # measure everything again); the CUDA-only tests run inside it (<= 90 s)
+#   bash scripts/gpu_bench.sh --dry-run    # the same plan at tiny sizes on the CPU (well under a minute; CI runs it)
+#   bash scripts/gpu_bench.sh --table      # docs/benchmarks.md's GPU section from docs/bench/gpu_h200/plan/points.jsonl
+#   bash scripts/gpu_bench.sh gpu_family4l # one of the old per-suite tables (a process per point: longer than a call)
+# OUT_DIR defaults to docs/bench/gpu_h200/plan; a different OUT_DIR (a device call's $OUT) starts from the rows
+# recorded there, so it resumes too. Extra arguments go to `python -m linvit.bench.gpu_plan run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-suite=gpu
+recorded=docs/bench/gpu_h200/plan
 if [[ "${1:-}" == gpu_* ]]; then
   suite=$1
   shift
+  exec linvit bench --suite "$suite" --device cuda --dtype bf16 --out "${OUT_DIR:-docs/bench/gpu_h200}" "$@"
 fi
-if [[ "${1:-}" == "--dry-run" ]]; then
-  shift
-  exec linvit bench --suite "$suite" --dry-run --device cpu --out "${OUT_DIR:-runs/gpu_dry_run}" "$@"
-fi
-out=${OUT_DIR:-docs/bench/gpu_h200}
+docs_section() {
+  local tmp
+  tmp=$(mktemp)
+  python -m linvit.bench.gpu_plan table "$1" >"$tmp"
+  python -c 'import sys; from pathlib import Path; from linvit.bench.gpu_plan import BEGIN, END
+from linvit.reproduce.report import replace_between
+replace_between(Path("docs/benchmarks.md"), BEGIN, END, Path(sys.argv[1]).read_text().rstrip("\n"))' "$tmp"
+  rm -f "$tmp"
+  echo "updated docs/benchmarks.md's GPU section from $1"
+}
+case "${1:-}" in
+  --dry-run)
+    shift
+    exec python -m linvit.bench.gpu_plan run --dry-run --fresh --out "${OUT_DIR:-runs/gpu_dry_run}" "$@"
+    ;;
+  --table)
+    docs_section "$recorded/points.jsonl"
+    exit 0
+    ;;
+esac
+out=${OUT_DIR:-$recorded}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt" || true
-# the tests that need CUDA kernels (tests/test_katz_amp.py -k cuda: Katz-InfSA's half products with float32 sums,
-# eager and compiled; about a minute), once per output folder, kept beside the tables
-if [ ! -f "$out/cuda_tests.txt" ]; then
-  timeout 300 python -m pytest -q -rs -k cuda tests/test_katz_amp.py 2>&1 | tee "$out/cuda_tests.txt" || true
+if [ "$out" != "$recorded" ] && [ -f "$recorded/points.jsonl" ] && [ ! -f "$out/points.jsonl" ]; then
+  cp "$recorded/points.jsonl" "$out/points.jsonl"
 fi
-exec linvit bench --suite "$suite" --device cuda --dtype bf16 --out "$out" "$@"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt" || true
+python -m linvit.bench.gpu_plan run --out "$out" "$@"
+if [ "$out" == "$recorded" ]; then
+  docs_section "$recorded/points.jsonl"
+fi

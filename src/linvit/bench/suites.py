@@ -31,6 +31,14 @@ GPU_SETTINGS = dict(
     mem_limit=120.0,
 )
 
+# the GPU 4-layer table: both linear InfSA forms against fused and naive softmax (pure InfSA is quadratic)
+FOUR_LAYER_GPU = [
+    "linear_infvit_4l_patch16_224",
+    "katz_infvit_4l_patch16_224",
+    "vit_4l_patch16_224",
+    "vit_4l_patch16_224:naive",
+]
+
 SUITES: dict[str, dict] = {
     # issue: the folded Linear-InfSA fast path against the release's per-token K/V projections
     "fold": dict(
@@ -169,7 +177,7 @@ SUITES: dict[str, dict] = {
     ),
     # GPU (scripts/gpu_bench.sh): bf16, batch 1 (latency) and 32 (throughput), eager and CUDA graphs
     "gpu_family4l": dict(
-        models=["linear_infvit_4l_patch16_224", "vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
+        models=FOUR_LAYER_GPU,
         res=[512, 1024, 2048, 4096],
         reference=["vit_4l_patch16_224", "vit_4l_patch16_224:naive"],
         **GPU_SETTINGS,
