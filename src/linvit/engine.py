@@ -242,6 +242,7 @@ def train_pass(
     loss_sum = torch.zeros((), device=device)
     nonfinite = torch.zeros((), device=device)
     grad_norms = GradNormStats(device)
+    dead = DeadHeadStats(net)
     seen = 0
     start = time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", disable=rank != 0 or not args.progress)
@@ -261,7 +262,9 @@ def train_pass(
             stop_if_not_finite(nonfinite, epoch, step)
             bar.set_postfix(loss=f"{loss_sum.item() / max(seen, 1):.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
     seconds = time.perf_counter() - start
-    local_loss, *norm_values = torch.cat([loss_sum.reshape(1), grad_norms.values()]).tolist()  # one host sync
+    dead_tensor = dead.values(device)  # per head: images with all-zero scores (and the layers' image counts)
+    local_loss, *norm_values = torch.cat([loss_sum.reshape(1), grad_norms.values(), dead_tensor]).tolist()  # one sync
+    norm_values, dead_values = norm_values[:4], norm_values[4:]
     loss_total, seen = all_reduce_sum([local_loss, seen], device)
     scheduler.step(epoch + 1)
     return {
@@ -270,7 +273,52 @@ def train_pass(
         "epoch_seconds": seconds,
         "images_per_second": seen / seconds if seconds > 0 else None,
         **GradNormStats.record(norm_values),
+        **dead.record(all_reduce_sum(dead_values, device) if dead_values else []),
     }
+
+
+DEAD_HEAD = 0.99  # a head counts as dead in an epoch when its scores are all zero for at least this share of images
+
+
+class DeadHeadStats:
+    """The InfSA layers' dead-head counts over one training epoch, kept on the device by the layers themselves.
+
+    Every InfSA layer (an attribute ``record_dead``) adds, per head, the images whose scores were all zero
+    (Linear-InfSA: importance; pure: the ReLU scores; Katz with ReLU features: either side's features) to a
+    device tensor in its forward (layers.infsa_attention._InfSABase.note_dead); the epoch's single host sync
+    reads them with the loss. metrics.jsonl gets ``dead_share`` (dead (image, head) pairs over all layers) and
+    ``dead_heads`` (heads dead for >= DEAD_HEAD of the epoch's images); families without InfSA get neither.
+    """
+
+    def __init__(self, net: nn.Module):
+        self.layers = [m for m in net.modules() if hasattr(m, "record_dead")]
+        for layer in self.layers:
+            layer.record_dead, layer.dead_counts, layer.dead_images = True, None, 0
+
+    def values(self, device: torch.device) -> torch.Tensor:
+        """Per layer: its H dead counts then its image count, concatenated (empty without InfSA); recording off."""
+        parts = []
+        for layer in self.layers:
+            layer.record_dead = False
+            counts = layer.dead_counts
+            if counts is None:
+                counts = torch.zeros(layer.num_heads, device=device)
+            parts += [counts.to(device, torch.float32), torch.full((1,), float(layer.dead_images), device=device)]
+            layer.dead_counts, layer.dead_images = None, 0
+        return torch.cat(parts) if parts else torch.zeros(0, device=device)
+
+    def record(self, values: list[float]) -> dict:
+        if not self.layers:
+            return {}
+        pairs = dead_pairs = dead_heads = 0.0
+        offset = 0
+        for layer in self.layers:
+            counts, images = values[offset : offset + layer.num_heads], values[offset + layer.num_heads]
+            offset += layer.num_heads + 1
+            pairs += images * layer.num_heads
+            dead_pairs += sum(counts)
+            dead_heads += sum(images > 0 and c >= DEAD_HEAD * images for c in counts)
+        return {"dead_share": dead_pairs / pairs if pairs else None, "dead_heads": int(dead_heads)}
 
 
 class GradNormStats:

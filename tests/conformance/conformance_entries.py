@@ -150,7 +150,12 @@ def model_entries() -> list[Entry]:
 def _options(cls: type) -> list[dict]:
     """Every combination of a mixer layer's choice-valued keyword options (impl, fold_kv, feature_map, ...)."""
     layers = infsa_attention
-    choices = {"impl": layers.PURE_IMPLS, "fold_kv": (True, False), "feature_map": layers.FEATURE_MAPS}
+    choices = {
+        "impl": layers.PURE_IMPLS,
+        "fold_kv": (True, False),
+        "feature_map": layers.FEATURE_MAPS,
+        "linear_variant": layers.LINEAR_VARIANTS,
+    }
     names = [n for n in inspect.signature(cls.__init__).parameters if n in choices]
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(choices[n] for n in names))]
 

@@ -18,7 +18,14 @@ from timm.layers import register_notrace_module
 from ..errors import UsageError
 from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops.common import accumulation_dtype, autocast_dtype, merges_with_next, no_autocast, products_dtype
-from ..ops.infsa import l1_normalize, soft_query_from_sums, soft_query_sums
+from ..ops.infsa import (
+    LINEAR_VARIANTS,
+    l1_normalize,
+    linear_normaliser,
+    linear_scores,
+    soft_query_from_sums,
+    soft_query_sums,
+)
 from ..ops.katz import feature_map as katz_feature_map
 from ..ops.katz import katz_factors, katz_features, katz_mixing, katz_token_sums, mixing_as
 from .graph_capture import call_eagerly, is_fx_tracing, stateless_call
@@ -90,6 +97,11 @@ class _InfSABase(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.theta = nn.Parameter(torch.empty(num_heads, **dd))
+        # dead-head monitor (linvit.engine turns it on while training): per head, the images of the recorded
+        # forwards whose scores were all zero, summed on the device (never read here: no host sync)
+        self.record_dead = False
+        self.dead_counts: torch.Tensor | None = None
+        self.dead_images = 0
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -101,6 +113,12 @@ class _InfSABase(nn.Module):
     def gamma(self) -> torch.Tensor:
         """Per-head discount in (0, 1), shape (H,)."""
         return torch.sigmoid(self.theta)
+
+    def note_dead(self, dead: torch.Tensor) -> None:
+        """Add a (B, H) boolean "this head's scores are all zero for this image" to the device-side counts."""
+        counts = dead.sum(0).to(torch.float32)
+        self.dead_counts = counts if self.dead_counts is None else self.dead_counts + counts
+        self.dead_images += dead.shape[0]
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, N, C) -> q, k, v of shape (B, H, N, D), with optional q/k norms."""
@@ -151,6 +169,8 @@ class PureInfSAAttention(_InfSABase):
             attn_mask=attn_mask,
             dropout_p=self.attn_drop.p if self.training else 0.0,
         )
+        if not torch.jit.is_scripting() and self.record_dead:  # all scores zero <=> the head's output is all zero
+            self.note_dead(out.detach().flatten(2).abs().amax(-1) == 0)
         return self.merge_heads(out)
 
 
@@ -171,13 +191,19 @@ class LinearInfSAAttention(_InfSABase):
     (docs/spec/infsa.md section 3): a_j = ReLU(x_j . W_k^T q_bar + b_k . q_bar) and
     z = W_v (sum_j a_j x_j) + b_v sum_j a_j, so only Q is projected per token and the output
     projection runs once per sample. The result equals the unfolded module; q/k norms break the
-    linearity in k, so with ``qk_norm`` the unfolded path is used.
+    linearity in k, so with ``qk_norm`` the unfolded path is used. ``linear_variant`` selects the score map
+    and normaliser (ops.infsa.LINEAR_VARIANTS, docs/spec/infsa.md section 3.1): "release" (default) is the
+    paper's; "floor", "softplus" and "elu+1" are linvit's opt-in stabilised forms, on both paths.
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, *, fold_kv: bool = True, **kwargs):
+    def __init__(
+        self, dim: int, num_heads: int = 8, *, fold_kv: bool = True, linear_variant: str = "release", **kwargs
+    ) -> None:
         check_choice("fold_kv", fold_kv, (True, False))
+        check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
         super().__init__(dim, num_heads, **kwargs)
         self.fold_kv = fold_kv
+        self.linear_variant = linear_variant
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if is_fx_tracing() and not torch.jit.is_scripting():
@@ -187,7 +213,10 @@ class LinearInfSAAttention(_InfSABase):
         if self.fold_kv and isinstance(self.k_norm, nn.Identity) and isinstance(self.q_norm, nn.Identity):
             return self._forward_folded(x)
         q, k, v = self.project_qkv(x)
-        out = linear_infsa(q, k, v, self.gamma, self.eps, dropout_p=self.attn_drop.p if self.training else 0.0)
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        out = linear_infsa(q, k, v, self.gamma, self.eps, dropout_p=dropout_p, variant=self.linear_variant)
+        if not torch.jit.is_scripting() and self.record_dead:  # zero importance <=> a zero pooled value
+            self.note_dead(out.detach()[:, :, 0].abs().amax(-1) == 0)
         return self.merge_heads(out)
 
     def importance(self, x: torch.Tensor) -> torch.Tensor:
@@ -195,8 +224,13 @@ class LinearInfSAAttention(_InfSABase):
         weights = self.folded_weights()
         q_key = self._query_key(token_views(x), weights)
         with no_autocast(x):
-            logits = self._key_logits(x.to(q_key.dtype), q_key, weights)
-            return l1_normalize(torch.relu(logits).transpose(1, 2), self.eps)
+            logits = self._key_logits(x.to(q_key.dtype), q_key, weights).transpose(1, 2)  # (B, H, N)
+            if self.linear_variant == "release":
+                return l1_normalize(torch.relu(logits), self.eps)
+            r = linear_scores(logits, self.linear_variant)
+            abs_sum = logits.abs().sum(-1, keepdim=True) if self.linear_variant == "floor" else None
+            total = r.sum(-1, keepdim=True)
+            return r / linear_normaliser(total, abs_sum, logits.shape[-1], self.eps, self.linear_variant)
 
     def folded_weights(self) -> FoldedWeights:
         """The folded path's per-head weights, derived from the parameters on every call.
@@ -272,13 +306,20 @@ class LinearInfSAAttention(_InfSABase):
         """pooled_output's second pass, before the output projection: z of shape (B, 1, C) in the chunks' dtype."""
         dropout = self.training and self.attn_drop.p > 0
         total: torch.Tensor | None = None  # sum_j a_j, (B, H)
+        abs_sum: torch.Tensor | None = None  # sum_j |logit_j|, (B, H): "floor" only
+        tokens = 0
         kept_mass: torch.Tensor | None = None  # sum_j of the kept (dropped-out) a_j, with attention dropout
         pooled_x: torch.Tensor | None = None  # sum_j a_j x_j, (B, H, C)
         dtype = q_key.dtype
         for xc in chunks:
             dtype = xc.dtype
             xa = xc.to(q_key.dtype)
-            a = torch.relu(self._key_logits(xa, q_key, weights))  # (B, n, H)
+            logits = self._key_logits(xa, q_key, weights)  # (B, n, H)
+            a = linear_scores(logits, self.linear_variant)
+            if self.linear_variant == "floor":
+                part_abs = logits.abs().sum(1)
+                abs_sum = part_abs if abs_sum is None else abs_sum + part_abs
+            tokens += xc.shape[1]
             kept = self.attn_drop(a) if dropout else a
             part_x = torch.bmm(kept.transpose(1, 2), xa)
             pooled_x = part_x if pooled_x is None else pooled_x + part_x
@@ -292,7 +333,13 @@ class LinearInfSAAttention(_InfSABase):
         if b_value is not None:
             z = torch.addcmul(z, mass[..., None], b_value.to(z.dtype))
         B, H, D = z.shape
-        normaliser = (total + self.eps) / weights.gamma.to(total.dtype)  # gamma on (B, H), not on W_v and b_v
+        if not torch.jit.is_scripting() and self.record_dead:
+            self.note_dead(total.detach() == 0)
+        if self.linear_variant == "release":  # the release's exact expression (parity tests)
+            normaliser = (total + self.eps) / weights.gamma.to(total.dtype)  # gamma on (B, H), not on W_v and b_v
+        else:
+            denominator = linear_normaliser(total, abs_sum, tokens, self.eps, self.linear_variant)
+            normaliser = denominator / weights.gamma.to(total.dtype)
         return (z / normaliser[..., None]).to(dtype).reshape(B, 1, H * D)
 
     def _forward_folded(self, x: torch.Tensor) -> torch.Tensor:
@@ -324,6 +371,9 @@ class KatzInfSAAttention(_InfSABase):
         if attn_mask is not None or is_causal:
             raise ValueError("Katz-InfSA works on low-rank factors; attention masks are not supported")
         q, k, v = self.project_qkv(x)
+        if not torch.jit.is_scripting() and self.record_dead and self.feature_map == "relu":
+            # ReLU features all zero on the query or the key side: A = 0 and the head adds nothing for that image
+            self.note_dead((q.detach().flatten(2).amax(-1) <= 0) | (k.detach().flatten(2).amax(-1) <= 0))
         if not isinstance(self.norm, nn.Identity):
             return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.feature_map))
         if not torch.jit.is_scripting():

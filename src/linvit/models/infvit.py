@@ -18,7 +18,7 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.graph_capture import is_fx_tracing, parent_method, stateless_call
-from ..layers.infsa_attention import FEATURE_MAPS, PURE_IMPLS, check_choice
+from ..layers.infsa_attention import FEATURE_MAPS, LINEAR_VARIANTS, PURE_IMPLS, check_choice
 from ._cfg import model_cfg, require_weights
 from ._chunking import check_token_chunk, resolve_token_chunk
 from ._input import CheckedPatchEmbed
@@ -39,6 +39,8 @@ class InfViT(VisionTransformer):
         gamma_init: initial per-head discount of InfSA mixers.
         attn_impl: pure InfSA form, "auto" | "dense" | "chunked".
         fold_kv: Linear-InfSA folds the K/V projections (identical outputs, fewer FLOPs).
+        linear_variant: Linear-InfSA's score map, "release" (the paper's) or a stabilised form ("floor",
+            "softplus", "elu+1"; docs/spec/infsa.md section 3.1).
         feature_map: Katz-InfSA's non-negative feature map, "relu" or "elu+1".
         check_finite: reject NaN/Inf inputs with a ValueError (one extra pass over the input).
         token_chunk: at inference (no autograd), run token-wise work (norms, MLP, Linear- and
@@ -56,6 +58,7 @@ class InfViT(VisionTransformer):
         gamma_init: float = 0.9,
         attn_impl: str = "auto",
         fold_kv: bool = True,
+        linear_variant: str = "release",
         feature_map: str = "relu",
         check_finite: bool = False,
         token_chunk: int | str | None = "auto",
@@ -65,6 +68,7 @@ class InfViT(VisionTransformer):
             raise UsageError(f"unknown mixer {mixer!r}; choose from {sorted(MIXERS)}")
         check_choice("attn_impl", attn_impl, PURE_IMPLS)
         check_choice("fold_kv", fold_kv, (True, False))
+        check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
         check_choice("feature_map", feature_map, FEATURE_MAPS)
         check_token_chunk(token_chunk)
         kwargs.setdefault("dynamic_img_size", True)
@@ -78,6 +82,7 @@ class InfViT(VisionTransformer):
                 module.impl = attn_impl
             if isinstance(module, LinearInfSAAttention):
                 module.fold_kv = fold_kv
+                module.linear_variant = linear_variant
             if isinstance(module, KatzInfSAAttention):
                 module.feature_map = feature_map
             if hasattr(module, "theta") and gamma_init != module.gamma_init:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..errors import UsageError
 from .common import GammaLike, accumulation_dtype, check_qkv, float32_matmul, gamma_as_tensor, no_autocast
 
 # Dense pure InfSA materialises H*N*N scores per sample; above this many "auto" switches to the two-pass form,
@@ -333,46 +334,108 @@ def l1_normalize(a: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return a / (a.sum(dim=-1, keepdim=True) + eps)
 
 
-def linear_infsa_importance(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Linear-InfSA's token importance a_j = ReLU(q_bar . k~_j) / (sum_l ReLU(q_bar . k~_l) + eps).
+# Linear-InfSA's score maps (docs/spec/infsa.md section 3.1): "release" is the paper's ReLU with an absolute eps;
+# the others are linvit's opt-in stabilised forms, each O(N) and sharing the folded layer's token sums.
+LINEAR_VARIANTS = ("release", "floor", "softplus", "elu+1")
+FLOOR_TAU = 1.0  # "floor": the normaliser is at least FLOOR_TAU * mean_l |logit_l| (the logits' own scale)
+NO_EPS_FLOOR = 1e-30  # "softplus", "elu+1": the smallest normaliser (float32 holds it; only underflow reaches it)
+
+
+def check_linear_variant(variant: str) -> None:
+    if variant not in LINEAR_VARIANTS:
+        raise UsageError(f"linear_variant must be one of {', '.join(LINEAR_VARIANTS)}; got {variant!r}")
+
+
+def linear_scores(logits: torch.Tensor, variant: str) -> torch.Tensor:
+    """r_j from the logits q_bar . k~_j: ReLU ("release", "floor"), softplus, or ELU + 1 (no dead zone)."""
+    if variant == "softplus":
+        return F.softplus(logits)
+    if variant == "elu+1":
+        return F.elu(logits) + 1.0
+    return torch.relu(logits)
+
+
+def linear_normaliser(
+    total: torch.Tensor, abs_sum: torch.Tensor | None, tokens: int, eps: float, variant: str
+) -> torch.Tensor:
+    """The importance's denominator from the token sums total = sum_l r_l and abs_sum = sum_l |logit_l|.
+
+    "floor" adds FLOOR_TAU * mean_l |logit_l|: a head that lets one token barely through the ReLU then has a
+    normaliser of the logits' scale, not ~eps, so d a / d logit stays of order 1 / |logit| (no spike).
+    "softplus" and "elu+1" have r_l > 0, so no eps: the importance sums to 1 even where every logit is very
+    negative (there both maps are exp, and a is the softmax of the logits); the clamp at NO_EPS_FLOOR only
+    guards sums that underflow (logits below ~-100).
+    """
+    if variant == "floor":
+        assert abs_sum is not None, "floor needs sum_l |logit_l|"
+        return total + abs_sum * (FLOOR_TAU / tokens) + eps
+    if variant == "softplus" or variant == "elu+1":
+        return total.clamp_min(NO_EPS_FLOOR)
+    return total + eps
+
+
+def linear_infsa_importance(
+    q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, variant: str = "release"
+) -> torch.Tensor:
+    """Linear-InfSA's token importance a_j = r_j / (sum_l r_l + eps), r_j = ReLU(q_bar . k~_j) as released.
 
     One step of power iteration toward the left Perron vector of A^ (how strongly each token is
-    attended). Returns (B, H, N) in the accumulation dtype, computed with autocast off.
+    attended); ``variant`` picks a stabilised score map (LINEAR_VARIANTS). Returns (B, H, N) in the
+    accumulation dtype, computed with autocast off.
     """
     if not torch.jit.is_scripting():  # scripted graphs skip the guard (README: TorchScript)
+        check_linear_variant(variant)
         with no_autocast(q):
-            return _importance(q, k, eps)
-    return _importance(q, k, eps)
+            return _importance(q, k, eps, variant)
+    return _importance(q, k, eps, variant)
 
 
-def _importance(q: torch.Tensor, k: torch.Tensor, eps: float) -> torch.Tensor:
+def _importance(q: torch.Tensor, k: torch.Tensor, eps: float, variant: str = "release") -> torch.Tensor:
     q_bar = soft_query(q, eps)
-    a = torch.relu(torch.einsum("bhd,bhnd->bhn", q_bar, _scaled(k.to(q_bar.dtype))))
-    return l1_normalize(a, eps)
+    logits = torch.einsum("bhd,bhnd->bhn", q_bar, _scaled(k.to(q_bar.dtype)))
+    if variant == "release":  # the release's exact expression (parity tests)
+        return l1_normalize(torch.relu(logits), eps)
+    r = linear_scores(logits, variant)
+    abs_sum = logits.abs().sum(-1, keepdim=True) if variant == "floor" else None
+    return r / linear_normaliser(r.sum(-1, keepdim=True), abs_sum, logits.shape[-1], eps, variant)
 
 
 def linear_infsa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float = 1e-6, dropout_p: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gamma: GammaLike,
+    eps: float = 1e-6,
+    dropout_p: float = 0.0,
+    variant: str = "release",
 ) -> torch.Tensor:
     """Linear-InfSA: every token receives z = gamma * sum_j a_j v_j, with a the importance vector.
 
     O(N D) per head. Token sums run in float32 under autocast (they span up to ~10^6 tokens).
-    dropout_p drops entries of the importance vector, as the release drops its scores.
+    dropout_p drops entries of the importance vector, as the release drops its scores. ``variant``: the score
+    map and normaliser (LINEAR_VARIANTS; "release" is the paper's).
 
     Returns:
         (B, H, N, D) tensor in v's dtype; all N rows are equal (the release broadcasts the pooled value).
     """
     check_qkv(q, k, v)
     if not torch.jit.is_scripting():
+        check_linear_variant(variant)
         with no_autocast(v):
-            return _linear_infsa(q, k, v, gamma, eps, dropout_p)
-    return _linear_infsa(q, k, v, gamma, eps, dropout_p)
+            return _linear_infsa(q, k, v, gamma, eps, dropout_p, variant)
+    return _linear_infsa(q, k, v, gamma, eps, dropout_p, variant)
 
 
 def _linear_infsa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, dropout_p: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gamma: GammaLike,
+    eps: float,
+    dropout_p: float,
+    variant: str = "release",
 ) -> torch.Tensor:
-    a = F.dropout(_importance(q, k, eps), dropout_p, training=dropout_p > 0)
+    a = F.dropout(_importance(q, k, eps, variant), dropout_p, training=dropout_p > 0)
     g = gamma_as_tensor(gamma, q.shape[1], a)[..., 0]  # (1, H, 1)
     z = torch.einsum("bhn,bhnd->bhd", g * a, v.to(a.dtype))
     return z.to(v.dtype).unsqueeze(2).expand(v.shape)
