@@ -130,6 +130,8 @@ def _add_device_args(p) -> None:
 MODEL_HELP = "registered model name, optionally with a :variant suffix"
 GENERATE_MIXERS = ("softmax", "pure", "linear", "katz", "weightformer")  # linvit.models.dit.MIXERS
 CONVERT_VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.conversion.VARIANTS, without importing it
+# with a stabilised Linear-InfSA (ops.infsa.LINEAR_VARIANTS but the release form; docs/spec/infsa.md 3.1)
+CONVERT_VARIANTS += ("linear_infsa:floor", "linear_infsa:softplus", "linear_infsa:elu+1")
 
 
 def _add_convert_arg(p: argparse.ArgumentParser, source: str = "--pretrained-file") -> None:

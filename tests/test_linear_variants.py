@@ -173,3 +173,67 @@ def test_model_flag_reaches_every_layer():
     )
     layers = [m for m in model.modules() if isinstance(m, LinearInfSAAttention)]
     assert len(layers) == 4 and {m.linear_variant for m in layers} == {"softplus"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from linvit.data import build_cluttered_mnist
+
+    root = tmp_path_factory.mktemp("cmnist")
+    build_cluttered_mnist(root, canvas=32, per_class_train=3, per_class_val=1, clutter=1, progress=False)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("model", "extra", "has_dead"),
+    [
+        ("linear_infvit_tiny_patch16_224", ["linear_variant=softplus"], True),
+        ("infvit_tiny_patch16_224", [], True),
+        ("katz_infvit_tiny_patch16_224", [], True),
+        ("deit_tiny_patch16_224", [], False),
+    ],
+)
+def test_training_records_the_dead_share(data, tmp_path, model, extra, has_dead):
+    """metrics.jsonl has dead_share / dead_heads for every InfSA family, and neither for softmax."""
+    import json
+
+    from linvit.cli import main as cli_main
+
+    args = ["train", "--data", str(data), "--model", model, "--output", str(tmp_path), "--epochs", "1"]
+    args += ["--batch-size", "10", "--img-size", "32", "--aa", "none", "--mixup", "0", "--cutmix", "0"]
+    args += ["--reprob", "0", "--warmup-epochs", "0", "--workers", "0", "--no-progress", "--crop-pct", "1.0"]
+    args += ["--model-kwargs", "patch_size=8", "depth=2", *extra]
+    assert cli_main(args) == 0
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    if has_dead:
+        assert 0.0 <= row["dead_share"] <= 1.0 and 0 <= row["dead_heads"]
+    else:
+        assert "dead_share" not in row and "dead_heads" not in row
+
+
+def test_convert_takes_a_linear_variant():
+    """convert(..., linear_variant=) and the commands' --convert linear_infsa:V; the rebuild keeps the variant."""
+    from linvit.conversion import convert, convert_if_asked
+
+    def source():
+        return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10)
+
+    model = source()
+    convert_if_asked(model, "linear_infsa:softplus")
+    layers = [m for m in model.modules() if isinstance(m, LinearInfSAAttention)]
+    assert len(layers) == 2 and {m.linear_variant for m in layers} == {"softplus"}
+    assert model._model_args["linear_variant"] == "softplus"
+    rebuilt = timm.create_model("infsa_converted", **model._model_args)
+    assert {m.linear_variant for m in rebuilt.modules() if isinstance(m, LinearInfSAAttention)} == {"softplus"}
+    plain = convert(source(), "linear_infsa")
+    assert "linear_variant" not in plain._model_args  # release-form conversions' configs are unchanged
+    with pytest.raises(UsageError, match="linear_variant must be one of"):
+        convert(source(), "linear_infsa", linear_variant="bogus")
+
+
+def test_cli_rejects_an_unknown_convert_variant(capsys):
+    from linvit.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as err:
+        cli_main(["eval", "--model", "vit_tiny_patch16_224", "--data", ".", "--convert", "linear_infsa:bogus"])
+    assert err.value.code == 2 and "linear_infsa:softplus" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from timm.layers import trunc_normal_
 
 from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from ..layers.infsa_attention import LINEAR_VARIANTS, check_choice
 from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
 from .language import convert_language_model, interface_attention_modules
 from .timm_model import mark_converted
@@ -100,10 +101,13 @@ def _weights_of(adapter, module: nn.Module) -> AttentionWeights:
     return extract(module)
 
 
-def build_layer(variant: str, w: AttentionWeights, gamma_init: float, copy_weights: bool) -> nn.Module:
+def build_layer(
+    variant: str, w: AttentionWeights, gamma_init: float, copy_weights: bool, linear_variant: str = "release"
+) -> nn.Module:
     """The linvit InfSA layer for one source attention; its weights are the source's values (copied)."""
     cls = LAYERS[variant]
     ref = w.qkv_weight
+    extra = {"linear_variant": linear_variant} if cls is LinearInfSAAttention else {}
     layer = cls(
         w.dim,
         w.num_heads,
@@ -114,6 +118,7 @@ def build_layer(variant: str, w: AttentionWeights, gamma_init: float, copy_weigh
         gamma_init=gamma_init,
         device=ref.device,
         dtype=ref.dtype,
+        **extra,
     )
     for norm_name in ("q_norm", "k_norm", "norm"):
         norm = getattr(w, norm_name)
@@ -151,6 +156,7 @@ def convert(
     exclude: str | Sequence[str] | None = None,
     target_types: Mapping[type, object] | Iterable[type] | None = None,
     copy_weights: bool = True,
+    linear_variant: str = "release",
 ) -> nn.Module:
     """Convert the model's attention layers to InfSA in place and return the model.
 
@@ -167,6 +173,7 @@ def convert(
         target_types: a mapping {module type: adapter} adding (or overriding) adapters for other attention
             classes (see linvit.conversion.adapters), or a list of types restricting the conversion to them.
         copy_weights: carry the q/k/v/output projections (and q/k norms) over; False re-initialises them.
+        linear_variant: Linear-InfSA's score map ("release", or a stabilised form: docs/spec/infsa.md 3.1).
 
     Raises:
         ValueError naming the module when a recognised attention cannot be converted (unknown heads,
@@ -176,6 +183,7 @@ def convert(
         raise UsageError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if not 0.0 < gamma_init < 1.0:
         raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
+    check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
     include, exclude = _patterns(include), _patterns(exclude)
     adapters = builtin_adapters()
     if isinstance(target_types, Mapping):
@@ -217,7 +225,7 @@ def convert(
         try:
             weights = _weights_of(adapter, module)
             weights.check(label)
-            layer = build_layer(variant, weights, gamma_init, copy_weights)
+            layer = build_layer(variant, weights, gamma_init, copy_weights, linear_variant)
         except UnmappableAttention as err:
             message = str(err) if str(err).startswith(label + ":") else f"{label}: {err}"
             raise UsageError(f"cannot convert {message}") from err
@@ -232,7 +240,7 @@ def convert(
         for name, replacement in plan:
             _set_submodule(model, name, replacement)
     _disable_fused_encoders(model)
-    mark_converted(model, variant, gamma_init, include, exclude)  # timm models save and reload as infsa_converted
+    mark_converted(model, variant, gamma_init, include, exclude, linear_variant)  # timm models reload converted
     model.linvit_conversion = report
     return model
 
@@ -268,7 +276,8 @@ def convert_if_asked(model: nn.Module, variant: str | None) -> dict | None:
     metadata (None when nothing was asked). The model must hold its attention layers below the top level."""
     if variant is None:
         return None
-    return convert_report(convert(model, variant)).to_dict()
+    base, _, linear_variant = variant.partition(":")  # "linear_infsa:softplus": a stabilised Linear-InfSA
+    return convert_report(convert(model, base, linear_variant=linear_variant or "release")).to_dict()
 
 
 def convert_report(model: nn.Module) -> ConversionReport:

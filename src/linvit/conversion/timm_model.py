@@ -18,7 +18,9 @@ CONVERSION_ARGS = ("source_model", "convert_variant", "gamma_init", "include", "
 default_cfgs = generate_default_cfgs({ARCHITECTURE: dict(url="", license="mit", paper_ids="arXiv:2603.00175")})
 
 
-def mark_converted(model: nn.Module, variant: str, gamma_init: float, include, exclude) -> None:
+def mark_converted(
+    model: nn.Module, variant: str, gamma_init: float, include, exclude, linear_variant: str = "release"
+) -> None:
     """Record on a timm model how to rebuild it converted (a no-op for models timm did not create)."""
     cfg = getattr(model, "pretrained_cfg", None)
     if not isinstance(cfg, dict) or "architecture" not in cfg:
@@ -26,6 +28,9 @@ def mark_converted(model: nn.Module, variant: str, gamma_init: float, include, e
     args = dict(getattr(model, "_model_args", {}))
     source = args.get("source_model", cfg["architecture"])  # converting a converted model keeps the source
     args.update(source_model=source, convert_variant=variant, gamma_init=gamma_init, include=include, exclude=exclude)
+    args.pop("linear_variant", None)
+    if linear_variant != "release":  # only then: configs of release-form conversions stay as they were
+        args["linear_variant"] = linear_variant
     model._model_args = args
     model.pretrained_cfg = {**cfg, "architecture": ARCHITECTURE}
 
@@ -39,6 +44,7 @@ def infsa_converted(
     gamma_init: float = 0.9,
     include=None,
     exclude=None,
+    linear_variant: str = "release",
     pretrained_cfg=None,
     pretrained_cfg_overlay=None,
     cache_dir=None,
@@ -50,7 +56,9 @@ def infsa_converted(
 
     kwargs.pop("pretrained_model_args", None)
     model = timm.create_model(source_model, **kwargs)
-    convert(model, convert_variant, gamma_init=gamma_init, include=include, exclude=exclude)
+    convert(
+        model, convert_variant, gamma_init=gamma_init, include=include, exclude=exclude, linear_variant=linear_variant
+    )
     if pretrained_cfg is not None:
         cfg = pretrained_cfg if isinstance(pretrained_cfg, dict) else pretrained_cfg.to_dict()
         model.pretrained_cfg = {**model.pretrained_cfg, **cfg, **(pretrained_cfg_overlay or {})}
