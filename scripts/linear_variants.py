@@ -148,11 +148,11 @@ def goal_max(row: dict) -> str:
 
 
 def goal_digit(row: dict, base: dict) -> str:
-    """Within softmax's interval: the variant's mean val lies inside softmax's 3-seed t-interval of val."""
+    """Within softmax's interval or above it: the variant's mean val >= the low end of softmax's 3-seed t-interval."""
     soft = mean_interval([v["val"] for _, v in sorted(base[("digit", "softmax")].items())])
     if len(row["seeds"]) < 3:
         return f"not measured ({len(row['seeds'])} of 3 seeds)"
-    return "met" if soft["low"] <= row["val"]["mean"] <= soft["high"] else "not met"
+    return "met" if row["val"]["mean"] >= soft["low"] else "not met"
 
 
 def fmt_norm(v: float) -> str:
@@ -169,7 +169,8 @@ def table(summary: dict) -> str:
         "the heads dead for >= 99% of that epoch's images (metrics.jsonl's dead_share / dead_heads); "
         '"max grad norm" is the largest gradient norm of any step, per seed. Paired differences are to the '
         "protocol's committed runs (docs/report-cpu/report.json: the same commands on two threads) of the "
-        "release form and of softmax, seed by seed. Goal (issue 38): `digit` val mean within softmax's interval; "
+        "release form and of softmax, seed by seed. Goal (issue 38): `digit` val mean within softmax's "
+        "interval (or above it); "
         f"`max` val mean >= {GOAL_MAX:g}% with no dead head in the last epoch. Every run's command: "
         "[sweeps/linear_variants/commands.txt](sweeps/linear_variants/commands.txt); this table: "
         f"`{summary['command']}`.",
