@@ -35,7 +35,7 @@ def spectral_report(model: nn.Module, images: torch.Tensor, depth: int | None = 
         q, k = projected_qk(mixer, x)
         A = infsa_operator(q, k, mixer.eps)  # the ReLU(q k^T / d) operator, for Katz layers too (see note)
         perron = perron_vector_dense(A)
-        importance = linear_infsa_importance(q, k, mixer.eps)
+        importance = linear_infsa_importance(q, k, mixer.eps, getattr(mixer, "linear_variant", "release"))  # its own
         cosine = F.cosine_similarity(importance, perron, dim=-1)  # (B, H)
         gamma = mixer.gamma.double().reshape(1, -1, 1, 1)
         GA = gamma * A
