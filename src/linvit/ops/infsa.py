@@ -368,9 +368,9 @@ def linear_normaliser(
     """
     if variant == "floor":
         assert abs_sum is not None, "floor needs sum_l |logit_l|"
-        return total + abs_sum * (FLOOR_TAU / tokens) + eps
+        return total + abs_sum * (1.0 / tokens) + eps  # FLOOR_TAU = 1 (a literal: TorchScript reads no globals)
     if variant == "softplus" or variant == "elu+1":
-        return total.clamp_min(NO_EPS_FLOOR)
+        return total.clamp_min(1e-30)  # NO_EPS_FLOOR (a literal: TorchScript reads no globals)
     return total + eps
 
 
