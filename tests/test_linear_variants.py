@@ -237,3 +237,11 @@ def test_cli_rejects_an_unknown_convert_variant(capsys):
     with pytest.raises(SystemExit) as err:
         cli_main(["eval", "--model", "vit_tiny_patch16_224", "--data", ".", "--convert", "linear_infsa:bogus"])
     assert err.value.code == 2 and "linear_infsa:softplus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_torchscript_equals_eager(variant):
+    """The layers script (module globals are not TorchScript values: the normaliser uses literals)."""
+    layer = _layer(variant).float().eval()
+    x = torch.randn(2, 7, 24)
+    torch.testing.assert_close(torch.jit.script(layer)(x), layer(x), rtol=1e-5, atol=1e-6)
