@@ -224,6 +224,9 @@ class DynamicLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, predictor={self.predictor}"
 
 
+COND_RUNS_SYMBOLIC = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 10)
+
+
 def _low_rank_correlation(
     left: torch.Tensor, left_map: torch.Tensor | None, right: torch.Tensor, right_map: torch.Tensor | None
 ) -> torch.Tensor:
@@ -240,7 +243,11 @@ def _low_rank_correlation(
     if not torch.jit.is_scripting():
         if isinstance(M, torch.SymInt) and (left_map is not None or right_map is not None):
             # a symbolic token count (torch.export with dynamic H, W): a Python choice would become a guard that
-            # fails at the other order's sizes, so the graph keeps both orders and picks per input, as eager does
+            # fails at the other order's sizes, so the graph keeps both orders and picks per input, as eager does.
+            # torch < 2.10 cannot run such a cond (its schema check calls numel() on symbolic sizes): there the
+            # graph takes the order that is cheaper at large sizes (the same values up to rounding)
+            if not COND_RUNS_SYMBOLIC:
+                return _correlation_in_order(left, left_map, right, right_map, False)
             return _correlation_in_cond(factors_first <= core_first, left, left_map, right, right_map)
     return _correlation_in_order(left, left_map, right, right_map, factors_first <= core_first)
 
