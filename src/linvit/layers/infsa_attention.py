@@ -20,7 +20,7 @@ from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops.common import accumulation_dtype, autocast_dtype, merges_with_next, no_autocast, products_dtype
 from ..ops.infsa import (
     LINEAR_VARIANTS,
-    l1_normalize,
+    importance_from_logits,
     linear_normaliser,
     linear_scores,
     soft_query_from_sums,
@@ -225,12 +225,7 @@ class LinearInfSAAttention(_InfSABase):
         q_key = self._query_key(token_views(x), weights)
         with no_autocast(x):
             logits = self._key_logits(x.to(q_key.dtype), q_key, weights).transpose(1, 2)  # (B, H, N)
-            if self.linear_variant == "release":
-                return l1_normalize(torch.relu(logits), self.eps)
-            r = linear_scores(logits, self.linear_variant)
-            abs_sum = logits.abs().sum(-1, keepdim=True) if self.linear_variant == "floor" else None
-            total = r.sum(-1, keepdim=True)
-            return r / linear_normaliser(total, abs_sum, logits.shape[-1], self.eps, self.linear_variant)
+            return importance_from_logits(logits, self.eps, self.linear_variant)
 
     def folded_weights(self) -> FoldedWeights:
         """The folded path's per-head weights, derived from the parameters on every call.

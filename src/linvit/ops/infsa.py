@@ -392,7 +392,11 @@ def linear_infsa_importance(
 
 def _importance(q: torch.Tensor, k: torch.Tensor, eps: float, variant: str = "release") -> torch.Tensor:
     q_bar = soft_query(q, eps)
-    logits = torch.einsum("bhd,bhnd->bhn", q_bar, _scaled(k.to(q_bar.dtype)))
+    return importance_from_logits(torch.einsum("bhd,bhnd->bhn", q_bar, _scaled(k.to(q_bar.dtype))), eps, variant)
+
+
+def importance_from_logits(logits: torch.Tensor, eps: float, variant: str) -> torch.Tensor:
+    """The importance a over the last (token) axis of the logits q_bar . k~_j, in the variant's form."""
     if variant == "release":  # the release's exact expression (parity tests)
         return l1_normalize(torch.relu(logits), eps)
     r = linear_scores(logits, variant)
