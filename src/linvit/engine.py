@@ -262,9 +262,10 @@ def train_pass(
             stop_if_not_finite(nonfinite, epoch, step)
             bar.set_postfix(loss=f"{loss_sum.item() / max(seen, 1):.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
     seconds = time.perf_counter() - start
-    dead_tensor = dead.values(device)  # per head: images with all-zero scores (and the layers' image counts)
-    local_loss, *norm_values = torch.cat([loss_sum.reshape(1), grad_norms.values(), dead_tensor]).tolist()  # one sync
-    norm_values, dead_values = norm_values[:4], norm_values[4:]
+    norms = grad_norms.values()
+    dead_counts = dead.values(device)  # per head: images with all-zero scores (and the layers' image counts)
+    local_loss, *values = torch.cat([loss_sum.reshape(1), norms, dead_counts]).tolist()  # one host sync
+    norm_values, dead_values = values[: norms.numel()], values[norms.numel() :]
     loss_total, seen = all_reduce_sum([local_loss, seen], device)
     scheduler.step(epoch + 1)
     return {
