@@ -266,7 +266,7 @@ def train_pass(
     dead_counts = dead.values(device)  # per head: images with all-zero scores (and the layers' image counts)
     local_loss, *values = torch.cat([loss_sum.reshape(1), norms, dead_counts]).tolist()  # one host sync
     norm_values, dead_values = values[: norms.numel()], values[norms.numel() :]
-    loss_total, seen = all_reduce_sum([local_loss, seen], device)
+    loss_total, seen, *dead_values = all_reduce_sum([local_loss, seen, *dead_values], device)  # one collective
     scheduler.step(epoch + 1)
     return {
         "train_loss": loss_total / max(seen, 1),
@@ -274,7 +274,7 @@ def train_pass(
         "epoch_seconds": seconds,
         "images_per_second": seen / seconds if seconds > 0 else None,
         **GradNormStats.record(norm_values),
-        **dead.record(all_reduce_sum(dead_values, device) if dead_values else []),
+        **dead.record(dead_values),
     }
 
 
@@ -294,18 +294,17 @@ class DeadHeadStats:
     def __init__(self, net: nn.Module):
         self.layers = [m for m in net.modules() if hasattr(m, "record_dead")]
         for layer in self.layers:
-            layer.record_dead, layer.dead_counts, layer.dead_images = True, None, 0
+            device = layer.theta.device
+            if layer.dead_counts is None or layer.dead_counts.device != device:
+                layer.dead_counts = torch.zeros(layer.num_heads + 1, device=device)
+            layer.dead_counts.zero_()  # in place: the tensor a compiled graph holds stays the same
+            layer.record_dead = True
 
     def values(self, device: torch.device) -> torch.Tensor:
         """Per layer: its H dead counts then its image count, concatenated (empty without InfSA); recording off."""
-        parts = []
         for layer in self.layers:
             layer.record_dead = False
-            counts = layer.dead_counts
-            if counts is None:
-                counts = torch.zeros(layer.num_heads, device=device)
-            parts += [counts.to(device, torch.float32), torch.full((1,), float(layer.dead_images), device=device)]
-            layer.dead_counts, layer.dead_images = None, 0
+        parts = [layer.dead_counts.to(device) for layer in self.layers]
         return torch.cat(parts) if parts else torch.zeros(0, device=device)
 
     def record(self, values: list[float]) -> dict:

@@ -97,11 +97,12 @@ class _InfSABase(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.theta = nn.Parameter(torch.empty(num_heads, **dd))
-        # dead-head monitor (linvit.engine turns it on while training): per head, the images of the recorded
-        # forwards whose scores were all zero, summed on the device (never read here: no host sync)
+        # dead-head monitor (linvit.engine.DeadHeadStats turns it on while training): per head, the images of the
+        # recorded forwards whose scores were all zero, then the image count, added in place on the device to one
+        # (H + 1,) tensor that lives across epochs (never read here: no host sync, and compiled graphs see the same
+        # tensor and the same flag at every step, so they are not recompiled)
         self.record_dead = False
         self.dead_counts: torch.Tensor | None = None
-        self.dead_images = 0
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -116,9 +117,10 @@ class _InfSABase(nn.Module):
 
     def note_dead(self, dead: torch.Tensor) -> None:
         """Add a (B, H) boolean "this head's scores are all zero for this image" to the device-side counts."""
-        counts = dead.sum(0).to(torch.float32)
-        self.dead_counts = counts if self.dead_counts is None else self.dead_counts + counts
-        self.dead_images += dead.shape[0]
+        counts = self.dead_counts
+        assert counts is not None, "record_dead without DeadHeadStats"
+        counts[:-1].add_(dead.sum(0).to(counts.dtype))
+        counts[-1:].add_(dead.shape[0])
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, N, C) -> q, k, v of shape (B, H, N, D), with optional q/k norms."""
@@ -170,7 +172,7 @@ class PureInfSAAttention(_InfSABase):
             dropout_p=self.attn_drop.p if self.training else 0.0,
         )
         if not torch.jit.is_scripting() and self.record_dead:  # all scores zero <=> the head's output is all zero
-            self.note_dead(out.detach().flatten(2).abs().amax(-1) == 0)
+            self.note_dead(out.detach().flatten(2).any(-1).logical_not())
         return self.merge_heads(out)
 
 
@@ -216,7 +218,7 @@ class LinearInfSAAttention(_InfSABase):
         dropout_p = self.attn_drop.p if self.training else 0.0
         out = linear_infsa(q, k, v, self.gamma, self.eps, dropout_p=dropout_p, variant=self.linear_variant)
         if not torch.jit.is_scripting() and self.record_dead:  # zero importance <=> a zero pooled value
-            self.note_dead(out.detach()[:, :, 0].abs().amax(-1) == 0)
+            self.note_dead(out.detach()[:, :, 0].any(-1).logical_not())
         return self.merge_heads(out)
 
     def importance(self, x: torch.Tensor) -> torch.Tensor:

@@ -338,7 +338,6 @@ def l1_normalize(a: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 # the others are linvit's opt-in stabilised forms, each O(N) and sharing the folded layer's token sums.
 LINEAR_VARIANTS = ("release", "floor", "softplus", "elu+1")
 FLOOR_TAU = 1.0  # "floor": the normaliser is at least FLOOR_TAU * mean_l |logit_l| (the logits' own scale)
-NO_EPS_FLOOR = 1e-30  # "softplus", "elu+1": the smallest normaliser (float32 holds it; only underflow reaches it)
 
 
 def check_linear_variant(variant: str) -> None:
@@ -363,14 +362,14 @@ def linear_normaliser(
     "floor" adds FLOOR_TAU * mean_l |logit_l|: a head that lets one token barely through the ReLU then has a
     normaliser of the logits' scale, not ~eps, so d a / d logit stays of order 1 / |logit| (no spike).
     "softplus" and "elu+1" have r_l > 0, so no eps: the importance sums to 1 even where every logit is very
-    negative (there both maps are exp, and a is the softmax of the logits); the clamp at NO_EPS_FLOOR only
+    negative (there both maps are exp, and a is the softmax of the logits); the clamp at 1e-30 only
     guards sums that underflow (logits below ~-100).
     """
     if variant == "floor":
         assert abs_sum is not None, "floor needs sum_l |logit_l|"
         return total + abs_sum * (1.0 / tokens) + eps  # FLOOR_TAU = 1 (a literal: TorchScript reads no globals)
     if variant == "softplus" or variant == "elu+1":
-        return total.clamp_min(1e-30)  # NO_EPS_FLOOR (a literal: TorchScript reads no globals)
+        return total.clamp_min(1e-30)
     return total + eps
 
 
