@@ -570,7 +570,7 @@ def test_resume_refuses_a_changed_model_and_follows_a_longer_plan(data, tmp_path
 
 def test_one_folder_spelled_two_ways_is_the_same_plan(tmp_path, monkeypatch):
     """A resume with --data ./digits, digits/ or an absolute path is the run's own plan, not a changed one;
-    another folder is still a change."""
+    another folder is still a change; so are flags that change nothing the checkpoint holds."""
     from argparse import Namespace
 
     from linvit.engine import plan_changes
@@ -582,3 +582,9 @@ def test_one_folder_spelled_two_ways_is_the_same_plan(tmp_path, monkeypatch):
     for spelling in ("./digits", "digits/", str(tmp_path / "digits"), str(tmp_path / ".." / tmp_path.name / "digits")):
         assert plan_changes(saved, Namespace(data=spelling, epochs=3)) == {}
     assert plan_changes(saved, Namespace(data="other", epochs=3)) == {"data": ("digits", "other")}
+    # the starting weights and gradient checkpointing change nothing a checkpoint holds
+    started = {**saved, "pretrained_file": "None", "grad_checkpointing": "False"}
+    assert (
+        plan_changes(started, Namespace(data="digits", epochs=3, pretrained_file="w.pth", grad_checkpointing=True))
+        == {}
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,9 +48,11 @@ def find_resume(output: Path, resume: str | None) -> Path | None:
     return path
 
 
-# flags that say how a run executes, not what it trains: free to differ when it resumes
+# flags that say how a run executes, not what it trains, and flags for the starting weights, which the checkpoint
+# replaces: free to differ when it resumes
 RUNTIME_FLAGS = frozenset(
     {"output", "resume", "progress", "workers", "device", "threads", "debug", "log", "compile", "amp", "deterministic"}
+    | {"grad_checkpointing", "pretrained", "pretrained_file", "backbone_checkpoint"}
 )
 # the learning-rate plan: a run resumed with other values follows the schedule they give from its step on
 SCHEDULE_FLAGS = frozenset({"epochs", "lr", "base_lr", "min_lr", "warmup_lr", "warmup_epochs"})
@@ -76,13 +79,14 @@ def plan_changes(saved: dict, args) -> dict[str, tuple[str, str]]:
 
 
 def same_value(saved: str, now: str) -> bool:
-    """Whether a stored flag value and this command's are the same: equal values, or one existing file or
-    folder spelled two ways (digits, ./digits, digits/, an absolute path)."""
+    """Whether a stored flag value and this command's are the same: equal values, or one path spelled two ways
+    (digits, ./digits, digits/, an absolute path). Decided from the strings alone, never the file system, so
+    every rank of a distributed run decides the same."""
     a, b = stored_value(saved), stored_value(now)
     if a == b:
         return True
-    if isinstance(a, str) and isinstance(b, str) and Path(a).exists() and Path(b).exists():
-        return Path(a).resolve() == Path(b).resolve()
+    if isinstance(a, str) and isinstance(b, str):
+        return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
     return False
 
 
