@@ -129,13 +129,14 @@ def run_predict(args) -> list[dict]:
     """`linvit predict`: top-k per image to stdout, with --out one JSON line per image, with --maps overlays.
     Unreadable pictures are reported, counted and skipped (as explain and evaluation do); none readable is an
     error. An image's "seconds" are its own reading and resizing, its share of its batch's forward and its map."""
+    from .evaluate import height_width
     from .utils.compile import compile_model
 
     paths = find_images(args.images)
     model = load_model(args)
     device = resolve_device(args.device)
     max_pixels = args.max_pixels or DEFAULT_MAX_PIXELS
-    img_size = None if args.img_size is None else (args.img_size * 2)[:2]
+    img_size = height_width(args.img_size)
     check_out_file(args.out, "preds.jsonl")
     cropped = img_size is None and not args.native  # the model's data config: resize and centre crop
     maps = MapWriter(model, args.maps, args.method, paths, crop=cropped) if args.maps else None

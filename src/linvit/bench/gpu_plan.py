@@ -24,20 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .report import markdown_table
-from .suites import GPU_SETTINGS, SUITES
+from .suites import FOUR_LAYER_GPU, GPU_SETTINGS, SUITES
 
-HEADLINE_4L = [
-    "linear_infvit_4l_patch16_224",
-    "katz_infvit_4l_patch16_224",
-    "vit_4l_patch16_224",
-    "vit_4l_patch16_224:naive",
-]
-WF_PAIR = ["weightformer_tiny_patch16_224", "deit_tiny_patch16_224"]
+HEADLINE_4L = FOUR_LAYER_GPU  # Linear, Katz, fused and naive softmax ViT-4L: the tables' own models
+WF_PAIR = SUITES["gpu_weightformer"]["models"]  # WeightFormer-T and DeiT-T
 COMPILES = ("off", "reduce-overhead")  # eager and CUDA graphs (max-autotune's tuning would not fit a call)
 REST_SUITES = ("gpu_family4l", "gpu_weightformer", "gpu_generate")  # today's tables, after the headline rows
 FAMILY = {"family4l": "gpu_family4l", "weightformer": "gpu_weightformer"}  # headline group -> its table
-FAMILY_OF = {"family4l": "4l", "gpu_family4l": "4l", "weightformer": "wf", "gpu_weightformer": "wf"}
-FAMILY_OF["gpu_generate"] = "dit"  # group -> its worker process
+FAMILY_OF = {  # group -> its worker process
+    "family4l": "4l",
+    "gpu_family4l": "4l",
+    "weightformer": "wf",
+    "gpu_weightformer": "wf",
+    "gpu_generate": "dit",
+}
 DONE = "@@gpu_plan-done"  # a worker's answer to a job, on stdout after its progress lines
 REFERENCES = {suite: SUITES[suite]["reference"] for suite in REST_SUITES}
 RECORDED = Path("docs/bench/gpu_h200/plan")  # the committed GPU rows (scripts/gpu_bench.sh resumes from them)
