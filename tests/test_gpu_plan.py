@@ -118,3 +118,9 @@ def test_estimate_scales_the_dry_run_without_gpu_history():
 def test_pending_section_names_the_one_command(tmp_path):
     text = section(tmp_path / "absent.jsonl")
     assert "Pending" in text and "`bash scripts/gpu_bench.sh`" in text
+
+
+def test_the_committed_gpu_section_is_what_the_table_command_writes():
+    """docs/benchmarks.md's GPU section (its plan size and first estimate included) is generated, never typed."""
+    root = Path(__file__).resolve().parents[1]
+    assert section(root / gpu_plan.RECORDED / "points.jsonl") in (root / "docs" / "benchmarks.md").read_text()

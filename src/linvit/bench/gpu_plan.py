@@ -185,6 +185,13 @@ class Estimate:
         return points + self.worker_s * len({FAMILY_OF[g.name] for g in groups if g.points}) + self.tests_s
 
 
+def estimate_line(est: Estimate, todo: list[Group]) -> str:
+    """The estimate as the plan prints it before it starts: total, then headline, tests and the rest."""
+    head_s, rest_s = est.total(todo[:2]) - est.tests_s, est.total(todo[2:]) - est.tests_s
+    return (f"estimated device time: {est.total(todo) / 60:.1f} min = headline {head_s:.0f} s + tests "
+            f"{est.tests_s:.0f} s + rest {rest_s:.0f} s; per point from {est.source}")  # fmt: skip
+
+
 def estimate(groups: list[Group], history: list[dict], reference: list[dict], dry_run: bool) -> Estimate:
     """Seconds per point: the last measured wall time of that point on this kind of device (any earlier JSONL in
     the output folder), else the committed CPU dry run's, scaled to the GPU: x DRY_SCALE (model build and graph
@@ -486,11 +493,9 @@ def run(out: Path, dry_run: bool, budget_s: float, fresh: bool, reference: Path,
     done = points_of(read_rows(jsonl)[0])
     todo = [Group(g.name, [p for p in g.points if p["key"] not in done]) for g in groups]
     n_all, n_todo = sum(len(g.points) for g in groups), sum(len(g.points) for g in todo)
-    head_s, rest_s = est.total(todo[:2]) - est.tests_s, est.total(todo[2:]) - est.tests_s
     print(f"GPU plan{' (dry run on the CPU)' if dry_run else ''}: {n_all} points in {len(groups)} worker processes; "
           f"{n_all - n_todo} already in {jsonl}, {n_todo} to measure, budget {budget_s:.0f} s")  # fmt: skip
-    print(f"estimated device time: {est.total(todo) / 60:.1f} min = headline {head_s:.0f} s + tests "
-          f"{est.tests_s:.0f} s + rest {rest_s:.0f} s; per point from {est.source}")  # fmt: skip
+    print(estimate_line(est, todo))
     if est.total(todo) > budget_s:
         print(f"  over the budget: the points past {budget_s:.0f} s are left for a later call (it resumes)")
     run_row = {"kind": "run", "device": "cpu" if dry_run else "cuda", "device_name": _device_name(dry_run)}
@@ -579,9 +584,16 @@ def section(jsonl: Path) -> str:
         if points_of(rows)
         else "Pending: no GPU run of the plan is recorded yet. On a GPU machine: `bash scripts/gpu_bench.sh` "
         f"(one call, <= 7 minutes from a cold machine; rows land in `{RECORDED}/points.jsonl` as they are measured, "
-        "and `bash scripts/gpu_bench.sh --table` regenerates this section from them)."
+        "and `bash scripts/gpu_bench.sh --table` regenerates this section from them). With no GPU history the plan "
+        f"has {sum(len(g.points) for g in plan())} points and prints: {_first_estimate()}."
     )
     return f"{BEGIN}\n{body}\n{END}"
+
+
+def _first_estimate() -> str:
+    """What a first GPU call prints as its estimate: no GPU history, the committed dry run scaled."""
+    groups = plan()
+    return estimate_line(estimate(groups, [], read_rows(DRY_REFERENCE)[0], dry_run=False), groups)
 
 
 def main(argv: list[str] | None = None) -> int:
