@@ -349,16 +349,14 @@ def test_bench_measures_the_segmentation_model():
 
 def test_segmenter_backbone_loads_softmax_weights_then_converts(tmp_path):
     """segment train --pretrained-file W --convert V: the backbone starts from W's values, as InfSA layers."""
-    from types import SimpleNamespace
-
     from safetensors.torch import save_file
 
     from linvit.layers import KatzInfSAAttention
-    from linvit.segment.engine import build_model
+    from linvit.segment.engine import SegmentConfig, build_model
 
     classifier = timm.create_model("deit_tiny_patch16_224", patch_size=8, depth=2, num_classes=10)
     save_file(classifier.state_dict(), tmp_path / "w.safetensors")
-    args = SimpleNamespace(
+    args = SegmentConfig(
         model="deit_tiny_patch16_224",
         model_kwargs={"patch_size": 8, "depth": 2},
         pyramid_channels=32,

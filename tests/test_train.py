@@ -368,7 +368,7 @@ def test_a_run_folder_reloads_with_timm_and_eval_alone_and_reruns_from_its_confi
 
     # timm rebuilds the trained model from the folder alone
     model = timm.create_model(f"local-dir:{run}", pretrained=True).eval()
-    from linvit.evaluate import read_weights
+    from linvit.weights import read_weights
 
     state, which = read_weights(run / "last.pth")
     assert which == "ema" and all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
@@ -426,19 +426,8 @@ def test_train_pass_waits_for_the_device_once_per_check_interval(monkeypatch):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = SimpleNamespace(step_update=lambda num_updates: None, step=lambda epoch: None)
     batches = [torch.randn(2, 4) for _ in range(120)]
-    args = SimpleNamespace(progress=False, clip_grad=None)
-    record = engine.train_pass(
-        model,
-        batches,
-        lambda x: (model(x).square().mean(), 2),
-        optimizer,
-        scheduler,
-        None,
-        0,
-        args,
-        torch.device("cpu"),
-        0,
-    )
+    run = _bare_run(model, batches, optimizer, scheduler, clip_grad=None)
+    record = engine.train_pass(run, 0, lambda x: (model(x).square().mean(), 2))
     assert record["train_loss"] > 0
     assert len(syncs) <= 3 * 2 + 1, syncs  # checks at steps 50, 100, 120 (flag + bar), and the epoch's total
 
@@ -449,9 +438,30 @@ def _one_epoch(model, batches, optimizer, clip_grad):
     from linvit import engine
 
     scheduler = SimpleNamespace(step_update=lambda num_updates: None, step=lambda epoch: None)
-    args = SimpleNamespace(progress=False, clip_grad=clip_grad)
     loss = lambda x: (model(x).square().mean(), len(x))  # noqa: E731
-    return engine.train_pass(model, batches, loss, optimizer, scheduler, None, 0, args, torch.device("cpu"), 0)
+    return engine.train_pass(_bare_run(model, batches, optimizer, scheduler, clip_grad), 0, loss)
+
+
+def _bare_run(model, batches, optimizer, scheduler, clip_grad, config=None):
+    """The pieces of a linvit.engine.Run that train_pass and resume_run read, on the CPU, rank 0 of 1."""
+    from types import SimpleNamespace
+
+    from linvit.config import TrainConfig
+
+    config = config or TrainConfig(progress=False, clip_grad=clip_grad)
+    return SimpleNamespace(
+        config=config,
+        train_net=model,
+        model=model,
+        loader=batches,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=None,
+        ema=None,
+        device=torch.device("cpu"),
+        rank=0,
+        world=1,
+    )
 
 
 def test_train_pass_records_the_gradient_norm_before_clipping():
@@ -494,23 +504,26 @@ def test_gradient_norm_stats_count_non_finite_steps_apart():
 
 def _plan(epochs: int, **changes):
     """The arguments training_recipe and resume_run read, as a parsed command would give them."""
-    from types import SimpleNamespace
+    from linvit.config import TrainConfig
 
     values = dict(epochs=epochs, lr=1e-3, weight_decay=0.05, warmup_epochs=1, amp="none", progress=False)
-    return SimpleNamespace(**{**values, "clip_grad": None, "seed": 0, "resume": "auto", **changes})
+    return TrainConfig(**{**values, "clip_grad": None, "seed": 0, "resume": "auto", **changes})
 
 
 def _lr_per_step(out, args, epochs, resume: bool = False) -> list[float]:
     """The learning rate of every optimizer step of the given epochs (of a run resumed from out if asked)."""
     from linvit import engine
+    from linvit.utils.checkpoint import atomic_save
     from linvit.utils.runtime import rng_states
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     batches = [torch.randn(2, 4) for _ in range(5)]
     optimizer, scheduler, _ = engine.training_recipe(model, args, len(batches), torch.device("cpu"))
+    run = _bare_run(model, batches, optimizer, scheduler, None, config=args)
+    run.output = out
     if resume:
-        assert engine.resume_run(out, args, model, optimizer, scheduler, None, None, 0)[0] == epochs[0]
+        assert engine.resume_run(run)[0] == epochs[0]
     seen = []
 
     def loss(x):
@@ -518,9 +531,9 @@ def _lr_per_step(out, args, epochs, resume: bool = False) -> list[float]:
         return model(x).square().mean(), len(x)
 
     for epoch in epochs:
-        engine.train_pass(model, batches, loss, optimizer, scheduler, None, epoch, args, torch.device("cpu"), 0)
-        state = engine.training_state(model, optimizer, scheduler, None, None, epoch, [rng_states()], [], args)
-        engine.atomic_save(state, out / engine.CHECKPOINT)
+        engine.train_pass(run, epoch, loss)
+        state = engine.training_state(run, epoch, [rng_states()], [])
+        atomic_save(state, out / engine.CHECKPOINT)
     return seen
 
 
@@ -571,8 +584,6 @@ def test_resume_refuses_a_changed_model_and_follows_a_longer_plan(data, tmp_path
 def test_one_folder_spelled_two_ways_is_the_same_plan(tmp_path, monkeypatch):
     """A resume with --data ./digits, digits/ or an absolute path is the run's own plan, not a changed one;
     another folder is still a change; so are flags that change nothing the checkpoint holds."""
-    from argparse import Namespace
-
     from linvit.engine import plan_changes
 
     monkeypatch.chdir(tmp_path)
@@ -580,11 +591,8 @@ def test_one_folder_spelled_two_ways_is_the_same_plan(tmp_path, monkeypatch):
     (tmp_path / "other").mkdir()
     saved = {"data": "digits", "epochs": "3"}
     for spelling in ("./digits", "digits/", str(tmp_path / "digits"), str(tmp_path / ".." / tmp_path.name / "digits")):
-        assert plan_changes(saved, Namespace(data=spelling, epochs=3)) == {}
-    assert plan_changes(saved, Namespace(data="other", epochs=3)) == {"data": ("digits", "other")}
+        assert plan_changes(saved, dict(data=spelling, epochs=3)) == {}
+    assert plan_changes(saved, dict(data="other", epochs=3)) == {"data": ("digits", "other")}
     # the starting weights and gradient checkpointing change nothing a checkpoint holds
     started = {**saved, "pretrained_file": "None", "grad_checkpointing": "False"}
-    assert (
-        plan_changes(started, Namespace(data="digits", epochs=3, pretrained_file="w.pth", grad_checkpointing=True))
-        == {}
-    )
+    assert plan_changes(started, dict(data="digits", epochs=3, pretrained_file="w.pth", grad_checkpointing=True)) == {}

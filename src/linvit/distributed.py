@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,16 @@ def init_distributed(device: str = "auto") -> tuple[int, int, torch.device]:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     return rank, world, dev
+
+
+@contextmanager
+def distributed_session(device: str = "auto") -> Iterator[tuple[int, int, torch.device]]:
+    """(rank, world_size, device) for a command's whole run: joins torchrun's process group (if launched by
+    torchrun) and leaves it however the command ends."""
+    try:
+        yield init_distributed(device)
+    finally:
+        cleanup()
 
 
 def is_distributed() -> bool:

@@ -1,4 +1,4 @@
-"""`linvit detect train|eval`: torchvision detectors on linvit backbones, on the shared training skeleton.
+"""`linvit detect train|eval`: torchvision detectors on linvit backbones, as a Task on the one trainer.
 
 The recipe is the segmentation one (AdamW through timm, cosine per iteration with warm-up, AMP, torchrun DDP,
 `--resume auto`, metrics.jsonl, a model folder at the end). Evaluation runs on every rank's shard of the
@@ -8,7 +8,9 @@ shared with every rank, so a torchrun evaluation equals a single-process one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -16,50 +18,92 @@ import torch.distributed as dist
 import torch.nn as nn
 from tqdm import tqdm
 
-from ..distributed import cleanup, init_distributed, is_distributed
-from ..engine import (
-    resume_run,
-    run_epochs,
-    train_loader,
-    train_pass,
-    training_recipe,
-    training_state,
-    wrap_ddp,
-    write_run_config,
-)
+from ..config import Config, TrainConfig
+from ..distributed import distributed_session, is_distributed
+from ..engine import Parts, Run, Task, fit
 from ..errors import UsageError
-from ..evaluate import autocast, eval_loader, load_weights, write_json
-from ..utils import output_dir
-from ..utils.artifacts import use_run_folder
-from ..utils.runtime import seed_everything
+from ..evaluate import autocast, eval_loader, write_json
+from ..weights import load_weights, use_run_folder
 from .coco_eval import STAT_NAMES, coco_stats, to_coco_results
 from .data import CocoDetection, collate_detection, find_coco_split
 from .model import create_detector
 
 
-def build_detector(args, num_classes: int) -> nn.Module:
+def _workers() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
+@dataclasses.dataclass
+class DetectorSpec(Config):
+    """What builds a detector: the backbone, the torchvision head, its resize and anchors, the pyramid width."""
+
+    model: str | None = None
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    pretrained: bool = False
+    detector: str = "fasterrcnn"
+    min_size: int = 800
+    max_size: int = 1333
+    anchor_base: int = 32
+    pyramid_channels: int = 256
+    backbone_checkpoint: str | None = None
+    convert: str | None = None
+    grad_checkpointing: bool = False
+
+
+@dataclasses.dataclass
+class DetectConfig(TrainConfig, DetectorSpec):
+    """`linvit detect train`."""
+
+    train_split: str = "train2017"
+    val_split: str = "val2017"
+    epochs: int = 12
+    batch_size: int = 2
+    workers: int = dataclasses.field(default_factory=_workers)
+    lr: float | None = 1e-4
+    hflip: float = 0.5
+
+
+@dataclasses.dataclass
+class DetectEvalConfig(DetectorSpec):
+    """`linvit detect eval`: a split of --data, or --ann-file (and --images) directly."""
+
+    data: str | None = None
+    split: str = "val2017"
+    ann_file: str | None = None
+    images: str | None = None
+    checkpoint: str | None = None
+    batch_size: int = 2
+    workers: int = dataclasses.field(default_factory=_workers)
+    amp: str = "none"
+    device: str = "auto"
+    progress: bool = True
+    output: str | None = None  # the folder detections.json and metrics.json go to
+
+
+def build_detector(spec: DetectorSpec, num_classes: int) -> nn.Module:
     return create_detector(
-        args.model,
+        spec.model,
         num_classes,
-        args.detector,
-        min_size=args.min_size,
-        max_size=args.max_size,
-        anchor_base=args.anchor_base,
-        pyramid_channels=args.pyramid_channels,
-        backbone_checkpoint=getattr(args, "backbone_checkpoint", None),
-        convert=getattr(args, "convert", None),
-        grad_checkpointing=getattr(args, "grad_checkpointing", False),
-        **args.model_kwargs,
+        spec.detector,
+        min_size=spec.min_size,
+        max_size=spec.max_size,
+        anchor_base=spec.anchor_base,
+        pyramid_channels=spec.pyramid_channels,
+        backbone_checkpoint=spec.backbone_checkpoint,
+        convert=spec.convert,
+        grad_checkpointing=spec.grad_checkpointing,
+        **spec.model_kwargs,
     )
 
 
-def dataset(args, split: str, train: bool) -> CocoDetection:
-    """--ann-file/--images when given (eval), else ROOT/annotations/instances_<split>.json + ROOT/<split>/."""
-    if getattr(args, "ann_file", None) and not train:
-        images, ann = Path(args.images or Path(args.ann_file).parent), Path(args.ann_file)
+def coco_split(data, split: str, train: bool, masks: bool, hflip: float = 0.0, ann_file=None, images=None):
+    """ann_file (and images, default its folder) when given, else ROOT/annotations/instances_<split>.json and
+    ROOT/<split>/."""
+    if ann_file and not train:
+        folder, ann = Path(images or Path(ann_file).parent), Path(ann_file)
     else:
-        images, ann = find_coco_split(args.data, split)
-    return CocoDetection(images, ann, train=train, masks=args.detector == "maskrcnn", hflip=getattr(args, "hflip", 0))
+        folder, ann = find_coco_split(data, split)
+    return CocoDetection(folder, ann, train=train, masks=masks, hflip=hflip)
 
 
 @torch.no_grad()
@@ -98,108 +142,87 @@ def evaluate_detection(model, loader, data: CocoDetection, device, amp="none", p
     return stats, text, results
 
 
-def run_detect_train(args) -> list[dict]:
-    """`linvit detect train`: the whole run; returns the per-epoch metrics (rank 0 writes them to OUT)."""
-    rank, world, device = init_distributed(args.device)
-    try:
-        return _train(args, rank, world, device)
-    finally:
-        cleanup()
+class Detection(Task):
+    """Object detection (and instance masks with Mask R-CNN) on COCO-format data; COCO AP validation."""
 
+    name = "detection"
+    command = "detect train"
 
-def _train(args, rank: int, world: int, device) -> list[dict]:
-    output = Path(args.output)
-    if rank == 0:
-        output_dir(output)
-    seed_everything(args.seed)
-    train_set, val_set = dataset(args, args.train_split, True), dataset(args, args.val_split, False)
-    if train_set.category_ids != val_set.category_ids:
-        raise UsageError(f"train and val categories differ: {train_set.category_ids} vs {val_set.category_ids}")
-    sampler, loader = train_loader(train_set, args, rank, world, collate_detection)
-    val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_detection)
-    model = build_detector(args, train_set.num_classes).to(device)
-    optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
-    start_epoch, history = resume_run(output, args, model, optimizer, scheduler, None, scaler, rank)
-    net = wrap_ddp(model, world, device)
-    run_info = {
-        "task": "detection",
-        "command": "detect train",
-        "model": args.model,
-        "detector": args.detector,
-        "convert": getattr(args, "convert", None),
-        "weights": "model",
-        "num_classes": train_set.num_classes,
-        "category_ids": train_set.category_ids,
-        "world_size": world,
-        "device": str(device),
-    }
-    if rank == 0:
-        write_run_config(output, args)
-        params = sum(p.numel() for p in model.parameters())
-        skipped = ", ".join(f"{n} {k}" for k, n in (train_set.skipped + val_set.skipped).items()) or "none"
-        print(
-            f"{args.detector} on {args.model}: {params:,} params, {len(train_set.category_ids)} categories, "
-            f"{len(train_set)} train / {len(val_set)} val images (annotations skipped: {skipped}), world {world}"
+    def build(self, config: DetectConfig, device, rank: int, world: int) -> Parts:
+        masks = config.detector == "maskrcnn"
+        train_set = coco_split(config.data, config.train_split, True, masks, config.hflip)
+        self.val_set = coco_split(config.data, config.val_split, False, masks)
+        if train_set.category_ids != self.val_set.category_ids:
+            raise UsageError(
+                f"train and val categories differ: {train_set.category_ids} vs {self.val_set.category_ids}"
+            )
+        val_loader = eval_loader(
+            self.val_set, config.batch_size, config.workers, rank, world, collate_fn=collate_detection
         )
+        model = build_detector(config, train_set.num_classes)
+        return Parts(model, train_set, val_loader, collate_detection, train_set.class_names, pin_memory=False)
 
-    def batch_loss(batch) -> tuple[torch.Tensor, int]:
-        images = [im.to(device, non_blocking=True) for im in batch[0]]
-        targets = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in t.items()} for t in batch[1]]
-        with autocast(device, args.amp):
-            losses = net(images, targets)
+    def batch_loss(self, run: Run, batch) -> tuple[torch.Tensor, int]:
+        images = [im.to(run.device, non_blocking=True) for im in batch[0]]
+        targets = [{k: v.to(run.device) if torch.is_tensor(v) else v for k, v in t.items()} for t in batch[1]]
+        with autocast(run.device, run.config.amp):
+            losses = run.train_net(images, targets)
         return sum(v.float() for v in losses.values()), len(images)
 
-    def train_epoch(epoch: int) -> dict:
-        return train_pass(net, loader, batch_loss, optimizer, scheduler, scaler, epoch, args, device, rank)
-
-    def evaluate_epoch(epoch: int) -> dict:
-        stats, _, _ = evaluate_detection(model, val_loader, val_set, device, args.amp)
+    def evaluate(self, run: Run, epoch: int) -> dict:
+        stats, _, _ = evaluate_detection(run.model, run.parts.val_loader, self.val_set, run.device, run.config.amp)
         return {f"val_{k}": v for k, v in stats.items() if k in ("AP", "AP50", "AP75", "mask_AP")}
 
-    def state(epoch: int, rngs: list, hist: list) -> dict:
-        return training_state(model, optimizer, scheduler, None, scaler, epoch, rngs, hist, args)
+    def run_info(self, run: Run) -> dict:
+        train_set = run.parts.train_set
+        return {
+            "model": run.config.model,
+            "detector": run.config.detector,
+            "convert": run.config.convert,
+            "weights": "model",
+            "num_classes": train_set.num_classes,
+            "category_ids": train_set.category_ids,
+            "world_size": run.world,
+            "device": str(run.device),
+        }
 
-    return run_epochs(
-        args,
-        output,
-        rank,
-        world,
-        start_epoch,
-        history,
-        sampler,
-        train_epoch,
-        evaluate_epoch,
-        state,
-        lambda: model,
-        run_info=run_info,
-        label_names=train_set.class_names,
-    )
-
-
-def run_detect_eval(args) -> dict:
-    """`linvit detect eval`: detections.json (COCO results format) and the 12 COCO numbers of a checkpoint."""
-    rank, world, device = init_distributed(args.device)
-    try:
-        use_run_folder(args)  # --checkpoint RUN: the detector is rebuilt from the run's args.yaml
-        data = dataset(args, args.split, False)
-        model = build_detector(args, data.num_classes)
-        if args.checkpoint:
-            load_weights(model, args.checkpoint)
-        model.to(device)
-        loader = eval_loader(data, args.batch_size, args.workers, rank, world, collate_fn=collate_detection)
-        stats, text, results = evaluate_detection(
-            model, loader, data, device, args.amp, progress=rank == 0 and getattr(args, "progress", True)
+    def summary(self, run: Run) -> str:
+        train_set, config = run.parts.train_set, run.config
+        params = sum(p.numel() for p in run.model.parameters())
+        skipped = ", ".join(f"{n} {k}" for k, n in (train_set.skipped + self.val_set.skipped).items()) or "none"
+        return (
+            f"{config.detector} on {config.model}: {params:,} params, {len(train_set.category_ids)} categories, "
+            f"{len(train_set)} train / {len(self.val_set)} val images (annotations skipped: {skipped}), "
+            f"world {run.world}"
         )
-        metrics = {**stats, "model": args.model, "detector": args.detector, "checkpoint": args.checkpoint}
-        metrics.update({k: getattr(args, k) for k in ("min_size", "max_size", "anchor_base", "model_kwargs")})
+
+
+def run_detect_train(config: DetectConfig) -> list[dict]:
+    """`linvit detect train`: the whole run; returns the per-epoch metrics (rank 0 writes them to the output)."""
+    return fit(Detection(), config)
+
+
+def run_detect_eval(config: DetectEvalConfig) -> dict:
+    """`linvit detect eval`: detections.json (COCO results format) and the 12 COCO numbers of a checkpoint."""
+    with distributed_session(config.device) as (rank, world, device):
+        config, _ = use_run_folder(config)  # --checkpoint RUN: the detector is rebuilt from the run's args.yaml
+        masks = config.detector == "maskrcnn"
+        data = coco_split(config.data, config.split, False, masks, ann_file=config.ann_file, images=config.images)
+        model = build_detector(config, data.num_classes)
+        if config.checkpoint:
+            load_weights(model, config.checkpoint)
+        model.to(device)
+        loader = eval_loader(data, config.batch_size, config.workers, rank, world, collate_fn=collate_detection)
+        progress = rank == 0 and config.progress
+        stats, text, results = evaluate_detection(model, loader, data, device, config.amp, progress=progress)
+        metrics = {**stats, "model": config.model, "detector": config.detector, "checkpoint": config.checkpoint}
+        metrics.update({k: getattr(config, k) for k in ("min_size", "max_size", "anchor_base", "model_kwargs")})
         metrics.update(images=len(data), detections=len(results), skipped_annotations=dict(data.skipped))
         if rank == 0:
             print(text.rstrip())
             print("  ".join(f"{k} {stats[k]:.2f}" for k in STAT_NAMES))
-            out = Path(args.out)
+            out = Path(config.output)
             out.mkdir(parents=True, exist_ok=True)
             (out / "detections.json").write_text(json.dumps(results))
             write_json(out / "metrics.json", metrics)
         return metrics
-    finally:
-        cleanup()

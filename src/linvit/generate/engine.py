@@ -9,31 +9,51 @@ one grey channel, fresh canvases every epoch) or an image folder with class subf
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 
 import torch
 from timm.utils import ModelEmaV3
 from torch.utils.data import DataLoader
 
+from ..config import TrainConfig
 from ..data.digit_tasks import digits_split, is_digits_spec
-from ..distributed import all_reduce_sum, cleanup, init_distributed
-from ..engine import (
-    resume_run,
-    run_epochs,
-    train_loader,
-    train_pass,
-    training_recipe,
-    training_state,
-    wrap_ddp,
-    write_run_config,
-)
+from ..distributed import all_reduce_sum
+from ..engine import Parts, Run, Task, fit
 from ..errors import UsageError
 from ..evaluate import autocast
 from ..models import create_dit
-from ..utils.paths import output_dir
-from ..utils.runtime import seed_everything
 from .diffusion import ddpm_loss, noise_schedule
 from .latent import LatentCodec
+
+# DiT trained S-XL at 1e-4; the tiny CPU model learns much faster at 1e-3 (val loss 0.065 vs 0.085 after 20
+# epochs on the digits, softmax mixer, seed 0)
+DEFAULT_LR = {"tiny": 1e-3, "S": 1e-4, "B": 1e-4, "L": 1e-4, "XL": 1e-4}
+
+
+def _workers() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
+@dataclasses.dataclass
+class GenerateConfig(TrainConfig):
+    """`linvit generate train`: a DiT of a size and mixer, DDPM noise prediction, EMA weights."""
+
+    mixer: str = "softmax"
+    size: str = "tiny"
+    patch_size: int = 4
+    img_size: int | None = None  # an image folder's images are resized and cropped to this side
+    vae: str | None = None
+    epochs: int = 30
+    workers: int = dataclasses.field(default_factory=_workers)
+    lr: float | None = None  # DEFAULT_LR of the size
+    weight_decay: float = 0.0
+    clip_grad: float | None = 1.0
+    class_dropout: float = 0.1
+    prediction: str = "epsilon"
+    ema_decay: float = 0.999
+    val_images: int = 500
 
 
 class PixelImages(torch.utils.data.Dataset):
@@ -67,17 +87,17 @@ class PixelImages(torch.utils.data.Dataset):
         return image[: self.channels] * 2 - 1, label
 
 
-def build_generator(args, channels: int, num_classes: int, size: int):
-    """The DiT of a run: size, mixer and patch from the command, noise prediction only (no learned variance)."""
+def build_generator(config: GenerateConfig, channels: int, num_classes: int, size: int):
+    """The DiT of a run: size, mixer and patch from the config, noise prediction only (no learned variance)."""
     return create_dit(
-        args.size,
-        args.mixer,
+        config.size,
+        config.mixer,
         input_size=size,
-        patch_size=args.patch_size,
+        patch_size=config.patch_size,
         in_channels=channels,
         num_classes=num_classes,
         learn_sigma=False,
-        class_dropout_prob=args.class_dropout,
+        class_dropout_prob=config.class_dropout,
     )
 
 
@@ -97,93 +117,67 @@ def validation_loss(model, loader, schedule, device, seed: int, codec: LatentCod
     return total / max(count, 1)
 
 
-# DiT trained S-XL at 1e-4; the tiny CPU model learns much faster at 1e-3 (val loss 0.065 vs 0.085 after 20
-# epochs on the digits, softmax mixer, seed 0)
-DEFAULT_LR = {"tiny": 1e-3, "S": 1e-4, "B": 1e-4, "L": 1e-4, "XL": 1e-4}
+class Generation(Task):
+    """Class-conditional diffusion: the DDPM loss on pixels (or a VAE's latents); EMA weights are the model."""
+
+    name = "generation"
+    command = "generate train"
+
+    def build(self, config: GenerateConfig, device, rank: int, world: int) -> Parts:
+        train_set = PixelImages(config.data, "train", config.img_size)
+        val_set = PixelImages(config.data, "val", config.img_size)
+        val_shard = torch.utils.data.Subset(val_set, list(range(rank, min(len(val_set), config.val_images), world)))
+        val_loader = DataLoader(val_shard, batch_size=config.batch_size, num_workers=config.workers)
+        self.codec = LatentCodec(config.vae).to(device) if config.vae else None
+        self.channels = self.codec.latent_channels if self.codec else train_set.channels
+        self.size = self.codec.latent_size(train_set.size) if self.codec else train_set.size
+        model = build_generator(config, self.channels, len(train_set.classes), self.size).to(device)
+        self.schedule = noise_schedule(config.prediction)
+        return Parts(model, train_set, val_loader, label_names=train_set.classes, pin_memory=False)
+
+    def build_ema(self, model, config: GenerateConfig):
+        return ModelEmaV3(model, decay=config.ema_decay, use_warmup=True)
+
+    def batch_loss(self, run: Run, batch) -> tuple[torch.Tensor, int]:
+        images, labels = (t.to(run.device, non_blocking=True) for t in batch)
+        if self.codec is not None:
+            images = self.codec.encode(images)
+        with autocast(run.device, run.config.amp):
+            return ddpm_loss(run.train_net, images, labels, self.schedule), len(images)
+
+    def evaluate(self, run: Run, epoch: int) -> dict:
+        loss = validation_loss(
+            run.ema.module, run.parts.val_loader, self.schedule, run.device, run.config.seed, self.codec
+        )
+        return {"val_loss": loss}
+
+    def run_info(self, run: Run) -> dict:
+        config, train_set = run.config, run.parts.train_set
+        return {
+            "size": config.size,
+            "mixer": config.mixer,
+            "patch_size": config.patch_size,
+            "channels": self.channels,  # what the DiT models: pixels, or the VAE's latents
+            "image_size": self.size,
+            "vae": self.codec.folder if self.codec else None,
+            "pixel_channels": train_set.channels,
+            "pixel_size": train_set.size,
+            "num_classes": len(train_set.classes),
+            "class_dropout": config.class_dropout,
+            "prediction": config.prediction,
+            "weights": "ema",
+            "data": str(config.data),
+            "world_size": run.world,
+        }
+
+    def summary(self, run: Run) -> str:
+        params = sum(p.numel() for p in run.model.parameters())
+        config, images = run.config, len(run.parts.train_set)
+        return f"DiT-{config.size} ({config.mixer}): {params:,} params, {images} train images, world {run.world}"
 
 
-def run_generate_train(args) -> list[dict]:
-    if args.lr is None:
-        args.lr = DEFAULT_LR[args.size]
-    rank, world, device = init_distributed(args.device)
-    try:
-        return _train(args, rank, world, device)
-    finally:
-        cleanup()
-
-
-def _train(args, rank: int, world: int, device) -> list[dict]:
-    output = Path(args.output)
-    if rank == 0:
-        output_dir(output)
-    seed_everything(args.seed)
-    train_set = PixelImages(args.data, "train", args.img_size)
-    val_set = PixelImages(args.data, "val", args.img_size)
-    sampler, loader = train_loader(train_set, args, rank, world)
-    val_shard = torch.utils.data.Subset(val_set, list(range(rank, min(len(val_set), args.val_images), world)))
-    val_loader = DataLoader(val_shard, batch_size=args.batch_size, num_workers=args.workers)
-    codec = LatentCodec(args.vae).to(device) if args.vae else None
-    channels = codec.latent_channels if codec else train_set.channels
-    size = codec.latent_size(train_set.size) if codec else train_set.size
-    model = build_generator(args, channels, len(train_set.classes), size).to(device)
-    ema = ModelEmaV3(model, decay=args.ema_decay, use_warmup=True)
-    optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
-    start_epoch, history = resume_run(output, args, model, optimizer, scheduler, ema, scaler, rank)
-    net = wrap_ddp(model, world, device)
-    schedule = noise_schedule(args.prediction)
-    run_info = {
-        "task": "generation",
-        "command": "generate train",
-        "size": args.size,
-        "mixer": args.mixer,
-        "patch_size": args.patch_size,
-        "channels": channels,  # what the DiT models: pixels, or the VAE's latents
-        "image_size": size,
-        "vae": codec.folder if codec else None,
-        "pixel_channels": train_set.channels,
-        "pixel_size": train_set.size,
-        "num_classes": len(train_set.classes),
-        "class_dropout": args.class_dropout,
-        "prediction": args.prediction,
-        "weights": "ema",
-        "data": str(args.data),
-        "world_size": world,
-    }
-    if rank == 0:
-        write_run_config(output, args)
-        params = sum(p.numel() for p in model.parameters())
-        print(f"DiT-{args.size} ({args.mixer}): {params:,} params, {len(train_set)} train images, world {world}")
-
-    def batch_loss(batch) -> tuple[torch.Tensor, int]:
-        images, labels = (t.to(device, non_blocking=True) for t in batch)
-        if codec is not None:
-            images = codec.encode(images)
-        with autocast(device, args.amp):
-            return ddpm_loss(net, images, labels, schedule), len(images)
-
-    def train_epoch(epoch: int) -> dict:
-        train_set.set_epoch(epoch)
-        after = lambda step: ema.update(model, step=step)  # noqa: E731
-        return train_pass(net, loader, batch_loss, optimizer, scheduler, scaler, epoch, args, device, rank, after)
-
-    def evaluate_epoch(epoch: int) -> dict:
-        return {"val_loss": validation_loss(ema.module, val_loader, schedule, device, args.seed, codec)}
-
-    def state(epoch: int, rngs: list, hist: list) -> dict:
-        return training_state(model, optimizer, scheduler, ema, scaler, epoch, rngs, hist, args)
-
-    return run_epochs(
-        args,
-        output,
-        rank,
-        world,
-        start_epoch,
-        history,
-        sampler,
-        train_epoch,
-        evaluate_epoch,
-        state,
-        lambda: ema.module,
-        run_info=run_info,
-        label_names=train_set.classes,
-    )
+def run_generate_train(config: GenerateConfig) -> list[dict]:
+    """`linvit generate train`: the whole run; --lr defaults to DEFAULT_LR of the DiT size (recorded in args.yaml)."""
+    if config.lr is None:
+        config = config.replace(lr=DEFAULT_LR[config.size])
+    return fit(Generation(), config)

@@ -1,48 +1,87 @@
 """`linvit segment train | eval`: per-pixel cross-entropy training and mIoU evaluation, one process or torchrun.
 
-The classification engine's machinery is reused as is: AdamW through timm's create_optimizer_v2 (no
-weight decay on norms, biases, position embeddings, InfSA discounts), a per-iteration cosine schedule
-with warm-up, AMP, gradient clipping, DDP, per-epoch reseeding, atomic last.pth with exact resume,
+Training is a Task on linvit's one trainer (linvit.engine.fit): AdamW through timm, a per-iteration cosine
+schedule with warm-up, AMP, gradient clipping, DDP, per-epoch reseeding, atomic last.pth with exact resume,
 metrics.jsonl and model.safetensors at the end.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..config import Config, TrainConfig
 from ..conversion import convert_if_asked
-from ..distributed import all_reduce_tensor, cleanup, init_distributed
-from ..engine import (
-    resume_run,
-    run_epochs,
-    train_loader,
-    train_pass,
-    training_recipe,
-    training_state,
-    wrap_ddp,
-    write_run_config,
-)
+from ..distributed import all_reduce_tensor, distributed_session
+from ..engine import Parts, Run, Task, fit
 from ..errors import UsageError
-from ..evaluate import autocast, eval_loader, load_backbone, load_weights, write_json
-from ..utils import compile_model, output_dir
-from ..utils.artifacts import use_run_folder
-from ..utils.runtime import seed_everything
+from ..evaluate import autocast, eval_loader, write_json
+from ..weights import load_backbone, load_weights, use_run_folder
 from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
 from .metrics import confusion_matrix, scores
 from .model import Segmenter, create_segmenter
 
 
-def build_model(args, num_classes: int) -> Segmenter:
-    model = create_segmenter(args.model, num_classes, args.pyramid_channels, args.head_channels, **args.model_kwargs)
-    if getattr(args, "backbone_checkpoint", None):
-        load_backbone(model.backbone, args.backbone_checkpoint)
-    convert_if_asked(model.backbone, getattr(args, "convert", None))  # after loading the softmax weights
+def _workers() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
+@dataclasses.dataclass
+class SegmenterSpec(Config):
+    """What builds a segmenter: the backbone, its pyramid and head widths, its starting weights, a conversion."""
+
+    model: str | None = None
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    pretrained: bool = False
+    pyramid_channels: int = 256
+    head_channels: int = 128
+    backbone_checkpoint: str | None = None
+    convert: str | None = None
+    img_size: list[int] | None = None  # evaluation: the shorter side images are resized to (None: as they are)
+
+
+@dataclasses.dataclass
+class SegmentConfig(TrainConfig, SegmenterSpec):
+    """`linvit segment train`."""
+
+    train_split: str = "train"
+    val_split: str = "val"
+    epochs: int = 50
+    batch_size: int = 8
+    workers: int = dataclasses.field(default_factory=_workers)
+    lr: float | None = 1e-4
+    hflip: float = 0.5
+    crop_size: list[int] = dataclasses.field(default_factory=lambda: [512])
+    scale: list[float] = dataclasses.field(default_factory=lambda: [0.5, 2.0])
+
+
+@dataclasses.dataclass
+class SegmentEvalConfig(SegmenterSpec):
+    """`linvit segment eval`."""
+
+    data: str | None = None
+    split: str = "val"
+    checkpoint: str | None = None
+    batch_size: int = 8
+    workers: int = dataclasses.field(default_factory=_workers)
+    amp: str = "none"
+    device: str = "auto"
+    flops_at: int | None = None
+    progress: bool = True
+    json: str | None = None
+
+
+def build_model(spec: SegmenterSpec, num_classes: int) -> Segmenter:
+    model = create_segmenter(spec.model, num_classes, spec.pyramid_channels, spec.head_channels, **spec.model_kwargs)
+    if spec.backbone_checkpoint:
+        load_backbone(model.backbone, spec.backbone_checkpoint)
+    convert_if_asked(model.backbone, spec.convert)  # after loading the softmax weights
     return model
 
 
@@ -71,91 +110,60 @@ def evaluate_segmentation(
     return {**scores(matrix.cpu()), "confusion": matrix.cpu().tolist()}
 
 
-def _loaders(args, rank: int, world: int, device):
-    train_split = find_split(args.data, args.train_split)
-    val_split = find_split(args.data, args.val_split)
-    if train_split.num_classes != val_split.num_classes:
-        raise UsageError(f"train and val label sets differ: {train_split.num_classes} vs {val_split.num_classes}")
-    crop = tuple(args.crop_size) if len(args.crop_size) == 2 else (args.crop_size[0], args.crop_size[0])
-    train_set = SegmentationDataset(train_split, train_transform(crop, tuple(args.scale), args.hflip))
-    val_set = SegmentationDataset(val_split, EvalTransform(args.img_size))
-    sampler, loader = train_loader(train_set, args, rank, world, pin_memory=device.type == "cuda")
-    val_loader = eval_loader(val_set, args.batch_size, args.workers, rank, world, collate_fn=collate_pairs)
-    return train_split, loader, sampler, val_loader
+class Segmentation(Task):
+    """Semantic segmentation: random crops with scale jitter, per-pixel cross-entropy, mIoU validation."""
 
+    name = "segmentation"
+    command = "segment train"
 
-def run_segment_train(args) -> list[dict]:
-    """`linvit segment train`: the whole run; returns the per-epoch metrics (rank 0 writes them to OUT)."""
-    rank, world, device = init_distributed(args.device)
-    try:
-        return _train(args, rank, world, device)
-    finally:
-        cleanup()
+    def build(self, config: SegmentConfig, device, rank: int, world: int) -> Parts:
+        self.split = find_split(config.data, config.train_split)
+        val_split = find_split(config.data, config.val_split)
+        if self.split.num_classes != val_split.num_classes:
+            raise UsageError(f"train and val label sets differ: {self.split.num_classes} vs {val_split.num_classes}")
+        crop = tuple(config.crop_size) if len(config.crop_size) == 2 else (config.crop_size[0],) * 2
+        train_set = SegmentationDataset(self.split, train_transform(crop, tuple(config.scale), config.hflip))
+        val_set = SegmentationDataset(val_split, EvalTransform(config.img_size))
+        val_loader = eval_loader(val_set, config.batch_size, config.workers, rank, world, collate_fn=collate_pairs)
+        model = build_model(config, self.split.num_classes)
+        return Parts(model, train_set, val_loader, label_names=self.split.class_names)
 
+    def batch_loss(self, run: Run, batch) -> tuple[torch.Tensor, int]:
+        images, labels = (t.to(run.device, non_blocking=True) for t in batch)
+        with autocast(run.device, run.config.amp):
+            logits = run.train_net(images)
+        return pixel_cross_entropy(logits, labels, self.split.ignore_index), len(images)
 
-def _train(args, rank: int, world: int, device) -> list[dict]:
-    output = Path(args.output)
-    if rank == 0:
-        output_dir(output)
-    seed_everything(args.seed)
-    split, loader, sampler, val_loader = _loaders(args, rank, world, device)
-    model = build_model(args, split.num_classes).to(device)
-    optimizer, scheduler, scaler = training_recipe(model, args, len(loader), device)
-    start_epoch, history = resume_run(output, args, model, optimizer, scheduler, None, scaler, rank)
-    net = compile_model(wrap_ddp(model, world, device), args.compile)
-    run_info = {
-        "task": "segmentation",
-        "command": "segment train",
-        "model": args.model,
-        "model_kwargs": args.model_kwargs,
-        "pyramid_channels": args.pyramid_channels,
-        "head_channels": args.head_channels,
-        "convert": getattr(args, "convert", None),
-        "weights": "model",
-        "num_classes": split.num_classes,
-        "layout": split.layout,
-        "world_size": world,
-        "device": str(device),
-    }
-    if rank == 0:
-        write_run_config(output, args)
-        params = sum(p.numel() for p in model.parameters())
-        print(
-            f"{args.model} + pyramid + semantic-FPN head: {params:,} params, {split.num_classes} classes "
-            f"({split.layout}), {len(loader.dataset)} train images, world {world}"
-        )
-
-    def batch_loss(batch) -> tuple[torch.Tensor, int]:
-        images, labels = (t.to(device, non_blocking=True) for t in batch)
-        with autocast(device, args.amp):
-            logits = net(images)
-        return pixel_cross_entropy(logits, labels, split.ignore_index), len(images)
-
-    def train_epoch(epoch: int) -> dict:
-        return train_pass(net, loader, batch_loss, optimizer, scheduler, scaler, epoch, args, device, rank)
-
-    def evaluate_epoch(epoch: int) -> dict:
-        val = evaluate_segmentation(model, val_loader, split.num_classes, device, args.amp)
+    def evaluate(self, run: Run, epoch: int) -> dict:
+        val = evaluate_segmentation(run.model, run.parts.val_loader, self.split.num_classes, run.device, run.config.amp)
         return {"val_miou": val["miou"], "val_pixel_acc": val["pixel_acc"], "val_mean_acc": val["mean_acc"]}
 
-    def state(epoch: int, rngs: list, hist: list) -> dict:
-        return training_state(model, optimizer, scheduler, None, scaler, epoch, rngs, hist, args)
+    def run_info(self, run: Run) -> dict:
+        config = run.config
+        return {
+            "model": config.model,
+            "model_kwargs": config.model_kwargs,
+            "pyramid_channels": config.pyramid_channels,
+            "head_channels": config.head_channels,
+            "convert": config.convert,
+            "weights": "model",
+            "num_classes": self.split.num_classes,
+            "layout": self.split.layout,
+            "world_size": run.world,
+            "device": str(run.device),
+        }
 
-    return run_epochs(
-        args,
-        output,
-        rank,
-        world,
-        start_epoch,
-        history,
-        sampler,
-        train_epoch,
-        evaluate_epoch,
-        state,
-        lambda: model,
-        run_info=run_info,
-        label_names=split.class_names,
-    )
+    def summary(self, run: Run) -> str:
+        params = sum(p.numel() for p in run.model.parameters())
+        return (
+            f"{run.config.model} + pyramid + semantic-FPN head: {params:,} params, {self.split.num_classes} classes "
+            f"({self.split.layout}), {len(run.parts.train_set)} train images, world {run.world}"
+        )
+
+
+def run_segment_train(config: SegmentConfig) -> list[dict]:
+    """`linvit segment train`: the whole run; returns the per-epoch metrics (rank 0 writes them to the output)."""
+    return fit(Segmentation(), config)
 
 
 def backbone_macs(model: Segmenter, size: int) -> dict:
@@ -170,40 +178,34 @@ def backbone_macs(model: Segmenter, size: int) -> dict:
         }
 
 
-def run_segment_eval(args) -> dict:
+def run_segment_eval(config: SegmentEvalConfig) -> dict:
     """`linvit segment eval`: mIoU, pixel accuracy and per-class IoU of a checkpoint on one split."""
-    rank, world, device = init_distributed(args.device)
-    try:
-        split = find_split(args.data, args.split)
-        use_run_folder(args)  # --checkpoint RUN: the segmenter is rebuilt from the run's args.yaml
-        model = build_model(args, split.num_classes)
-        if args.checkpoint:
-            load_weights(model, args.checkpoint)
+    with distributed_session(config.device) as (rank, world, device):
+        split = find_split(config.data, config.split)
+        config, _ = use_run_folder(config)  # --checkpoint RUN: the segmenter is rebuilt from the run's args.yaml
+        model = build_model(config, split.num_classes)
+        if config.checkpoint:
+            load_weights(model, config.checkpoint)
         model.to(device)
-        dataset = SegmentationDataset(split, EvalTransform(args.img_size))
-        loader = eval_loader(dataset, args.batch_size, args.workers, rank, world, collate_fn=collate_pairs)
-        metrics = evaluate_segmentation(
-            model, loader, split.num_classes, device, args.amp, progress=rank == 0 and getattr(args, "progress", True)
-        )
-        metrics.update(
-            model=args.model,
-            checkpoint=args.checkpoint,
-            split=args.split,
-            data=str(args.data),
-            images=len(dataset),
-            class_names=split.class_names,
-        )
-        if args.flops_at:
-            metrics.update(backbone_macs(model.cpu(), args.flops_at))
+        dataset = SegmentationDataset(split, EvalTransform(config.img_size))
+        loader = eval_loader(dataset, config.batch_size, config.workers, rank, world, collate_fn=collate_pairs)
+        progress = rank == 0 and config.progress
+        metrics = evaluate_segmentation(model, loader, split.num_classes, device, config.amp, progress=progress)
+        metrics.update(model=config.model, checkpoint=config.checkpoint, split=config.split, data=str(config.data))
+        metrics.update(images=len(dataset), class_names=split.class_names)
+        if config.flops_at:
+            metrics.update(backbone_macs(model.cpu(), config.flops_at))
         if rank == 0:
-            print(
-                f"mIoU {metrics['miou']:.2f}  pixel acc {metrics['pixel_acc']:.2f}  "
-                f"mean acc {metrics['mean_acc']:.2f}  ({len(dataset)} images)"
-            )
-            for name, iou in zip(split.class_names, metrics["per_class_iou"], strict=True):
-                print(f"  {name:<24} IoU {iou:6.2f}")
-            if args.json:
-                write_json(args.json, metrics)
+            print_scores(metrics, split.class_names, len(dataset))
+            if config.json:
+                write_json(config.json, metrics)
         return metrics
-    finally:
-        cleanup()
+
+
+def print_scores(metrics: dict, class_names: list[str], images: int) -> None:
+    print(
+        f"mIoU {metrics['miou']:.2f}  pixel acc {metrics['pixel_acc']:.2f}  "
+        f"mean acc {metrics['mean_acc']:.2f}  ({images} images)"
+    )
+    for name, iou in zip(class_names, metrics["per_class_iou"], strict=True):
+        print(f"  {name:<24} IoU {iou:6.2f}")

@@ -1,0 +1,195 @@
+"""`fit(task, config)`: the one training loop. A Task says what is trained (model, data, loss, evaluation,
+the run record); a Run owns everything around it (output folder, rank/world/device, optimizer, schedule,
+scaler, EMA, resume, DDP, checkpoints, the final model folder).
+
+Every epoch reseeds from (seed, epoch, rank), so a resumed run replays the same data order and augmentations
+and a same-config resume is bit-exact; each epoch's metrics.jsonl line is vouched for by an atomic last.pth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.utils.data import Dataset
+
+from ..config import TrainConfig
+from ..distributed import barrier, distributed_session
+from ..utils import compile_model, output_dir
+from ..utils.runtime import seed_everything
+from . import record
+from .recipe import train_loader, training_recipe, wrap_ddp
+from .resume import resume_run, training_state
+from .steps import train_pass
+
+
+@dataclasses.dataclass
+class Parts:
+    """What a task builds: the model (on the CPU; fit moves it), the training set and the validation loader."""
+
+    model: nn.Module
+    train_set: Dataset
+    val_loader: object
+    collate_fn: object = None
+    label_names: list[str] | None = None
+    pin_memory: bool = True  # pinned host batches when training on CUDA
+
+
+@dataclasses.dataclass
+class Run:
+    """One training run in progress: where it writes, where it runs, and every piece of its state."""
+
+    config: TrainConfig
+    output: Path
+    rank: int
+    world: int
+    device: torch.device
+    parts: Parts
+    model: nn.Module
+    sampler: object
+    loader: object
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    scaler: object
+    ema: nn.Module | None
+    train_net: nn.Module | None = None
+    eval_net: nn.Module | None = None
+    start_epoch: int = 0
+    history: list = dataclasses.field(default_factory=list)
+
+    def state(self, epoch: int, rngs: list) -> dict:
+        return training_state(self, epoch, rngs, self.history)
+
+
+class Task:
+    """What one kind of training supplies to fit(); the defaults fit most tasks."""
+
+    name = "task"  # config.json's linvit.task
+    command = "train"  # the command that reruns it (model card)
+
+    def build(self, config: TrainConfig, device: torch.device, rank: int, world: int) -> Parts:
+        raise NotImplementedError
+
+    def batch_loss(self, run: Run, batch) -> tuple[torch.Tensor, int]:
+        """(mean loss of the batch, its image count), on run.train_net."""
+        raise NotImplementedError
+
+    def evaluate(self, run: Run, epoch: int) -> dict:
+        """The numbers the epoch's record gets from validation."""
+        raise NotImplementedError
+
+    def run_info(self, run: Run) -> dict:
+        """What config.json's "linvit" section says about the run, beside its config and final metrics."""
+        return {}
+
+    def summary(self, run: Run) -> str:
+        """The one line printed when the run starts."""
+        params = sum(p.numel() for p in run.model.parameters())
+        return f"{self.name}: {params:,} params, {len(run.parts.train_set)} train images, world {run.world}"
+
+    def learning_rate(self, config: TrainConfig, world: int) -> float:
+        return config.lr
+
+    def build_ema(self, model: nn.Module, config: TrainConfig) -> nn.Module | None:
+        """timm's ModelEmaV3 of the model, or None: updated after every step, what the final folder holds."""
+        return None
+
+    def start_epoch(self, run: Run, epoch: int) -> None:
+        """Before an epoch's steps: drawn datasets (the digits) draw this epoch's canvases."""
+        if hasattr(run.parts.train_set, "set_epoch"):
+            run.parts.train_set.set_epoch(epoch)
+
+    def end_epoch(self, run: Run, epoch: int, numbers: dict) -> None:
+        """After an epoch's steps, before evaluation: add to the training numbers (collectives allowed)."""
+
+    def final_model(self, run: Run) -> nn.Module:
+        return run.ema.module if run.ema is not None else run.model
+
+
+def fit(task: Task, config: TrainConfig) -> list[dict]:
+    """Train task under config on this process or every torchrun process; returns the per-epoch metrics
+    (rank 0 writes them to config.output, which becomes a model folder at the end)."""
+    with distributed_session(config.device) as (rank, world, device):
+        run = start_run(task, config, rank, world, device)
+        return run_epochs(task, run)
+
+
+def start_run(task: Task, config: TrainConfig, rank: int, world: int, device: torch.device) -> Run:
+    """Build the task's parts and the recipe around them, resume if asked, and record the config."""
+    output = Path(config.output)
+    if rank == 0:
+        output_dir(output)
+    if config.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    seed_everything(config.seed)
+    parts = task.build(config, device, rank, world)
+    model = parts.model.to(device)
+    pin = parts.pin_memory and device.type == "cuda"
+    sampler, loader = train_loader(parts.train_set, config, rank, world, parts.collate_fn, pin)
+    ema = task.build_ema(model, config)
+    lr = task.learning_rate(config, world)
+    optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr)
+    run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)
+    run.start_epoch, run.history = resume_run(run)
+    if rank == 0:
+        record.write_run_config(output, config)
+        print(task.summary(run))
+    run.train_net = compile_model(wrap_ddp(model, world, device), config.compile)
+    run.eval_net = compile_model(model, config.compile)
+    return run
+
+
+def run_epochs(task: Task, run: Run) -> list[dict]:
+    """The epoch loop: a replayable seed, the task's steps and evaluation, one metrics line vouched for by an
+    atomic checkpoint; after the last epoch the output folder becomes a model folder."""
+    run_info = {"task": task.name, "command": task.command, **task.run_info(run), "threads": torch.get_num_threads()}
+    board = record.TensorBoardLog(run.output) if run.config.log == "tensorboard" and run.rank == 0 else None
+    after_step = (lambda step: run.ema.update(run.model, step=step)) if run.ema is not None else None
+    for epoch in range(run.start_epoch, run.config.epochs):
+        seed_everything(run.config.seed + 1000 * epoch + run.rank)  # replayable on resume
+        run.sampler.set_epoch(epoch)
+        task.start_epoch(run, epoch)
+        numbers = {"epoch": epoch, **train_pass(run, epoch, lambda batch: task.batch_loss(run, batch), after_step)}
+        task.end_epoch(run, epoch, numbers)
+        numbers.update(task.evaluate(run, epoch))
+        run.history.append(numbers)
+        rngs = gather_rng(run.world)
+        if run.rank == 0:
+            record.save_epoch(run.output, run.state(epoch, rngs), numbers)
+            print(record.format_record(numbers))
+            if board is not None:
+                board.add(numbers)
+        barrier()
+    if board is not None:
+        board.close()
+    finish(task, run, run_info)
+    return run.history
+
+
+def finish(task: Task, run: Run, run_info: dict) -> None:
+    """Rank 0 turns the output folder into a model folder; with torchrun every rank also records its final
+    numbers (final_val_rank<r>.json), so a run can show that all ranks agree."""
+    if not run.history:
+        return
+    if run.rank == 0:
+        model = task.final_model(run)
+        record.save_final_model(run.output, model, run_info, run.config, run.history, run.parts.label_names)
+    if run.world > 1:
+        (run.output / f"final_val_rank{run.rank}.json").write_text(json.dumps(run.history[-1]))
+
+
+def gather_rng(world: int) -> list[dict]:
+    """Every rank's RNG states (rank order) for the checkpoint; a single process has one entry."""
+    from ..utils.runtime import rng_states
+
+    states = rng_states()
+    if world == 1:
+        return [states]
+    import torch.distributed as dist
+
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, states)
+    return gathered

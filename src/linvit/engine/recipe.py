@@ -1,0 +1,62 @@
+"""The optimisation recipe and data feeding every task shares: timm's optimizer and cosine schedule, the
+fp16 scaler, this rank's shard of the training set, DDP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ..config import TrainConfig
+from ..errors import UsageError
+
+
+def training_recipe(model: nn.Module, config: TrainConfig, updates_per_epoch: int, device: torch.device, lr=None):
+    """(optimizer, scheduler, scaler): config.opt (default AdamW) through timm (no decay on norms, biases,
+    position embeddings, InfSA discounts), cosine per iteration to config.min_lr (default lr/100) after a
+    warm-up from config.warmup_lr (default lr/1000), fp16 gradient scaling. lr defaults to config.lr."""
+    lr = config.lr if lr is None else lr
+    optimizer = create_optimizer_v2(model, opt=config.opt, lr=lr, weight_decay=config.weight_decay)
+    scheduler, _ = create_scheduler_v2(
+        optimizer,
+        sched="cosine",
+        num_epochs=config.epochs,
+        warmup_epochs=config.warmup_epochs,
+        warmup_lr=lr * 1e-3 if config.warmup_lr is None else config.warmup_lr,
+        min_lr=lr * 1e-2 if config.min_lr is None else config.min_lr,
+        step_on_epochs=False,
+        updates_per_epoch=updates_per_epoch,
+    )
+    scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+    return optimizer, scheduler, scaler
+
+
+def train_loader(train_set, config: TrainConfig, rank: int, world: int, collate_fn=None, pin_memory: bool = False):
+    """(sampler, loader): this rank's shuffled shard of the training set (seeded by config.seed; the sampler's
+    set_epoch reshuffles) in full batches, since DDP needs the same step count on every rank. A set smaller
+    than one global batch is a usage error."""
+    sampler = DistributedSampler(
+        train_set, num_replicas=world, rank=rank, shuffle=True, seed=config.seed, drop_last=True
+    )
+    loader = DataLoader(
+        train_set,
+        batch_size=config.batch_size,
+        sampler=sampler,
+        num_workers=config.workers,
+        drop_last=True,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+    )
+    if len(loader) == 0:
+        raise UsageError(f"{len(train_set)} training images are fewer than one batch of {config.batch_size} x {world}")
+    return sampler, loader
+
+
+def wrap_ddp(model: nn.Module, world: int, device: torch.device) -> nn.Module:
+    """DistributedDataParallel around model when torchrun started more than one process."""
+    if world == 1:
+        return model
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

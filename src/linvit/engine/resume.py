@@ -1,0 +1,155 @@
+"""Resume: a training checkpoint's state back into a run, and the rule for which flags may change meanwhile.
+
+A run resumed with other schedule flags (SCHEDULE_FLAGS) follows the new plan's learning rates from its step
+on; a change to any other planned flag (model, data, batch, recipe, seed) is refused with one line, since the
+checkpoint's weights and optimizer were trained under the old values. Flags that only say how a run executes
+(RUNTIME_FLAGS) and the starting weights (which the checkpoint replaces) are free.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from ..errors import UsageError
+from ..utils.checkpoint import atomic_write_text
+from ..utils.runtime import set_rng_states
+
+CHECKPOINT = "last.pth"
+METRICS = "metrics.jsonl"
+
+RUNTIME_FLAGS = frozenset(
+    {"output", "resume", "progress", "workers", "device", "threads", "debug", "log", "compile", "amp", "deterministic"}
+    | {"grad_checkpointing", "pretrained", "pretrained_file", "backbone_checkpoint"}
+)
+SCHEDULE_FLAGS = frozenset({"epochs", "lr", "base_lr", "min_lr", "warmup_lr", "warmup_epochs"})
+REQUIRED = frozenset({"model", "optimizer", "scheduler", "epoch", "rng"})
+
+
+def find_resume(output: Path, resume: str | None) -> Path | None:
+    """--resume auto: OUT/last.pth if it exists; --resume FILE: that file (a missing one is a usage error)."""
+    if not resume:
+        return None
+    if resume == "auto":
+        path = output / CHECKPOINT
+        return path if path.is_file() else None
+    path = Path(resume)
+    if not path.is_file():
+        raise UsageError(f"--resume {resume}: checkpoint not found")
+    return path
+
+
+def stored_value(text: str):
+    """A flag's value back from the string a checkpoint stores (dicts and lists compare by content, so a
+    rerun from args.yaml, whose --model-kwargs come back sorted, is the same plan); words stay strings."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return list(value) if isinstance(value, tuple) else value
+
+
+def same_value(saved: str, now: str) -> bool:
+    """Whether a stored flag value and this command's are the same: equal values, or one path spelled two ways
+    (digits, ./digits, digits/, an absolute path). Decided from the strings alone, never the file system, so
+    every rank of a distributed run decides the same."""
+    a, b = stored_value(saved), stored_value(now)
+    if a == b:
+        return True
+    if isinstance(a, str) and isinstance(b, str):
+        return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
+    return False
+
+
+def plan_changes(saved: Mapping[str, str], now: Mapping) -> dict[str, tuple[str, str]]:
+    """{flag: (checkpoint's value, this run's)} for the planned flags that differ; a flag only one side knows
+    (another linvit version) is no change."""
+    current = {k: str(v) for k, v in now.items()}
+    shared = (saved.keys() & current.keys()) - RUNTIME_FLAGS
+    return {k: (saved[k], current[k]) for k in sorted(shared) if not same_value(saved[k], current[k])}
+
+
+def describe_changes(changes: dict[str, tuple[str, str]]) -> str:
+    return ", ".join(f"--{k.replace('_', '-')} {old} -> {new}" for k, (old, new) in changes.items())
+
+
+def check_plan(path: Path, saved: Mapping[str, str], now: Mapping) -> dict[str, tuple[str, str]]:
+    """The schedule flags that changed since the checkpoint; any other changed planned flag is a usage error."""
+    changes = plan_changes(saved, now)
+    fixed = {k: v for k, v in changes.items() if k not in SCHEDULE_FLAGS}
+    if fixed:
+        raise UsageError(
+            f"cannot resume from {path} with {describe_changes(fixed)}: its state was trained with the old "
+            "values; resume with them (its args.yaml), or train into a new --output"
+        )
+    return changes
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A training checkpoint's contents; a damaged or foreign file is a usage error that says what to do."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        missing = REQUIRED - set(ckpt)
+    except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign files all end here
+        raise UsageError(
+            f"cannot resume from {path}: the file is damaged or not a linvit checkpoint ({type(err).__name__}); "
+            f"delete it to start the run over, or pass --resume with another checkpoint"
+        ) from err
+    if missing:
+        raise UsageError(f"cannot resume from {path}: not a linvit training checkpoint (no {sorted(missing)})")
+    return ckpt
+
+
+def resume_run(run) -> tuple[int, list[dict]]:
+    """Restore a Run's state from the checkpoint its --resume finds; returns (start epoch, history).
+
+    A run whose schedule flags differ from the checkpoint's keeps the scheduler built from its own config, so
+    it continues on the new plan's learning rates (train_pass sets each epoch's from its step count); timm's
+    load_state_dict would bring back the old plan's length, warm-up and minimum. metrics.jsonl is rewritten
+    from the checkpoint's history, so the log never holds an epoch the checkpoint does not.
+    """
+    from ..weights import check_num_classes
+
+    path = find_resume(run.output, run.config.resume)
+    if path is None:
+        return 0, []
+    ckpt = read_checkpoint(path)
+    new_schedule = check_plan(path, ckpt.get("args") or {}, run.config.to_dict())
+    check_num_classes(run.model, ckpt["model"], path)
+    run.model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    if not new_schedule:
+        run.scheduler.load_state_dict(ckpt["scheduler"])
+    if run.ema is not None and ckpt.get("ema") is not None:
+        run.ema.load_state_dict(ckpt["ema"])
+    if run.scaler is not None and ckpt.get("scaler") is not None:
+        run.scaler.load_state_dict(ckpt["scaler"])
+    rngs = ckpt["rng"]
+    set_rng_states(rngs[min(run.rank, len(rngs) - 1)] if isinstance(rngs, list) else rngs)
+    history = list(ckpt.get("history", []))
+    if run.rank == 0:
+        atomic_write_text("".join(json.dumps(h) + "\n" for h in history), run.output / METRICS)
+        print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
+        if new_schedule:
+            print(f"new schedule ({describe_changes(new_schedule)}): the learning rate follows it from this epoch on")
+    return ckpt["epoch"] + 1, history
+
+
+def training_state(run, epoch: int, rngs: list, history: list) -> dict:
+    """What last.pth holds: every piece of state resume_run restores, and the config it was trained under."""
+    return {
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "ema": run.ema.state_dict() if run.ema is not None else None,
+        "scaler": run.scaler.state_dict() if run.scaler is not None else None,
+        "epoch": epoch,
+        "rng": rngs,
+        "history": history,
+        "args": {k: str(v) for k, v in run.config.to_dict().items()},
+    }
