@@ -15,6 +15,7 @@ ROOT = Path(linvit.__file__).parent
 TIERS = {
     "errors": 0,
     "ops": 0,
+    "config": 0,
     "layers": 1,
     "models": 2,
     "data": 3,
