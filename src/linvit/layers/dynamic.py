@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 
 from ..errors import UsageError
-from ..ops.common import autocast_dtype, no_autocast
+from ..ops.common import autocast_dtype, eager_autocast_off, is_exporting
 from .graph_capture import stateless_call
 
 LINEAR_PREDICTORS = ("bilateral", "deep", "nonlinear", "linear", "gap")
@@ -61,7 +61,7 @@ def per_sample_depthwise(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tens
     group count that depends on the batch (what exported graphs with a dynamic batch need)."""
     k = kernel.shape[-1]
     H, W = x.shape[-2:]
-    padded = F.pad(x, (k // 2,) * 4)
+    padded = F.pad(x, [k // 2] * 4)
     out = bias.view(1, -1, 1, 1)
     for i in range(k):
         for j in range(k):
@@ -162,6 +162,11 @@ class DynamicLinear(nn.Module):
             elif band_grid[0] >= 2:  # a last band of one row falls to the floor, as in the whole grid
                 parts.append(self.pooled_tokens(tokens, band_grid)[0])
         return (total / count, 1) if self.predictor == "gap" else (torch.cat(parts, dim=1), count)
+
+    def weight_of_bands(self, bands) -> torch.Tensor:
+        """W0 + dW for a grid streamed as row bands (pooled_bands' pairs): token-chunked inference pools band
+        by band and applies the weight with apply_weight."""
+        return self.dynamic_weight(*self.correlation_of_pooled(*self.pooled_bands(bands)))
 
     def correlation(self, x: torch.Tensor, grid_size: tuple[int, int]) -> tuple[torch.Tensor, float]:
         """G = P^T R of shape (B, C_in, C_out) in float32 (float64 for float64 x) and s with dW^ = s G.
@@ -264,9 +269,6 @@ def _correlation_in_order(
         left = left if left_map is None else left @ left_map
         right = right if right_map is None else right @ right_map
         left_map = right_map = None
-    if not torch.jit.is_scripting():  # the token sum and the maps in float32 even under autocast
-        with no_autocast(left):
-            return _correlation_core_first(left, left_map, right, right_map)
     return _correlation_core_first(left, left_map, right, right_map)
 
 
@@ -287,6 +289,7 @@ def _correlation_in_cond(
     return torch.cond(factors_first, in_order(True), in_order(False), (left, right.clone()))
 
 
+@eager_autocast_off  # the token sum and the maps in float32 even under autocast
 def _correlation_core_first(
     left: torch.Tensor, left_map: torch.Tensor | None, right: torch.Tensor, right_map: torch.Tensor | None
 ) -> torch.Tensor:
@@ -359,9 +362,8 @@ class DynamicDWConv(nn.Module):
         base = self.w + self.identity_tap if residual else self.w  # derived every call: never stale
         raw = self._raw_delta(x)
         kernel = torch.addcdiv(base.view(1, C, k, k), raw, amplitude_denominator(raw, [-2, -1]))  # K0 + dK
-        if not torch.jit.is_scripting():
-            if torch.compiler.is_exporting():  # ONNX / pt2 with a symbolic batch: conv groups must be constant
-                return per_sample_depthwise(x, kernel.to(x.dtype), self.b.to(x.dtype))
+        if is_exporting():  # ONNX / pt2 with a symbolic batch: conv groups must be constant
+            return per_sample_depthwise(x, kernel.to(x.dtype), self.b.to(x.dtype))
         kernel = kernel.reshape(B * C, 1, k, k)
         bias = self.b if not stateless_call() and B == 1 else self.b.repeat(B)
         out = F.conv2d(x.reshape(1, B * C, H, W), kernel.to(x.dtype), bias.to(x.dtype), padding=k // 2, groups=B * C)

@@ -1,8 +1,11 @@
-"""Helpers shared by the attention ops: argument checks, gamma broadcasting, float32 accumulation."""
+"""Helpers shared by the attention ops: argument checks, gamma broadcasting, float32 accumulation, and the two
+eager/scripted splits every op shares (is_exporting, eager_autocast_off; see layers/graph_capture.py)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Callable
 
 import torch
 
@@ -147,3 +150,29 @@ def no_autocast(t: torch.Tensor):
     if autocast_dtype(t) is not None:
         return torch.autocast(t.device.type, enabled=False)
     return contextlib.nullcontext()
+
+
+def eager_autocast_off(fn: Callable) -> Callable:
+    """fn run with autocast off on its first argument's device, so that its explicit dtypes hold (float32 sums
+    under a half autocast).
+
+    The one eager/scripted split of every formula that needs it: torch.jit.script compiles fn itself (through
+    the ``__prepare_scriptable__`` hook; TorchScript has no autocast state to switch), while eager calls,
+    torch.compile and torch.export run this wrapper.
+    """
+
+    @functools.wraps(fn)
+    def without_autocast(*args, **kwargs):
+        with no_autocast(args[0]):
+            return fn(*args, **kwargs)
+
+    without_autocast.__prepare_scriptable__ = lambda: fn
+    return without_autocast
+
+
+def is_exporting() -> bool:
+    """torch.export is capturing (pt2, ONNX): sizes are symbolic, so a form chosen by size gives way to one that
+    takes every size. False in scripted graphs, which compile the exported form but never run it."""
+    if not torch.jit.is_scripting():
+        return torch.compiler.is_exporting()
+    return False

@@ -13,7 +13,16 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import UsageError
-from .common import GammaLike, accumulation_dtype, check_qkv, float32_matmul, gamma_as_tensor, no_autocast
+from .common import (
+    GammaLike,
+    accumulation_dtype,
+    check_qkv,
+    eager_autocast_off,
+    float32_matmul,
+    gamma_as_tensor,
+    is_exporting,
+    no_autocast,
+)
 
 # Dense pure InfSA materialises H*N*N scores per sample; above this many "auto" switches to the two-pass form,
 # which holds at most half as many per sample at once (H*block*N) unless block_size is given. The choice is per
@@ -75,6 +84,7 @@ def row_square_sums(scores: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(scores, dim=-1, dtype=accumulation_dtype(scores)).square()
 
 
+@eager_autocast_off  # autocast would run the sums of squares in half precision
 def masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-query Frobenius norm under a mask: query i is normalised over the rows of the queries it sees.
 
@@ -84,13 +94,6 @@ def masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     the kept ones, not even through the normalisation (linvit's reading, docs/spec/infsa.md section 2). A
     mask shared by every head or sample (size 1 or stride 0 there) is read once, never copied per head.
     """
-    if not torch.jit.is_scripting():  # autocast would run the sums of squares in half precision
-        with no_autocast(row_sq):
-            return _masked_row_norms(row_sq, mask)
-    return _masked_row_norms(row_sq, mask)
-
-
-def _masked_row_norms(row_sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     B, H, N = row_sq.shape
     if mask.shape[1] == 1 or mask.stride(1) == 0:  # one mask for every head (causal, padding): no copy per head
         shared = mask[:, 0]
@@ -168,9 +171,8 @@ def pure_infsa(
     _, H, N, _ = q.shape
     g = gamma_as_tensor(gamma, H, v)
     mask = _check_mask(attn_mask, q)
-    if not torch.jit.is_scripting():  # an exported graph takes any N, so it has one form: the chunked form's
-        if torch.compiler.is_exporting() and impl != "dense":  # loop and "auto"'s choice would guard on N
-            impl = "dense"
+    if is_exporting() and impl != "dense":  # an exported graph takes any N, so it has one form: the chunked
+        impl = "dense"  # form's loop and "auto"'s choice would guard on N
     if impl == "auto":
         impl = "chunked" if H * N * N > max_dense_scores else "dense"
     if impl == "dense":
@@ -240,7 +242,7 @@ def _pure_infsa_chunked(
     recompute = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or g.requires_grad)
     row_sq_parts: list[torch.Tensor] = []
     for s, e in spans:
-        row_sq_parts.append(_block_row_sq(q[:, :, s:e], k, _mask_rows(mask, s, e), recompute))
+        row_sq_parts.append(_query_block(q[:, :, s:e], k, None, None, _mask_rows(mask, s, e), 0.0, recompute))
     row_sq = torch.cat(row_sq_parts, -1)
     g = g.to(accumulation_dtype(v))
     global_scale = g / (row_sq.sum(-1).sqrt()[..., None, None] + eps)  # gamma / (||A+||_F + eps), (B, H, 1, 1)
@@ -248,7 +250,7 @@ def _pure_infsa_chunked(
     for s, e in spans:
         m = _mask_rows(mask, s, e)  # under a mask: one norm per query row, (B, H, n, 1)
         scale = global_scale if m is None else g / (masked_row_norms(row_sq, m)[..., None] + eps)
-        outs.append(_block_out(q[:, :, s:e], k, v, scale, m, dropout_p, recompute))
+        outs.append(_query_block(q[:, :, s:e], k, v, scale, m, dropout_p, recompute))
     return torch.cat(outs, dim=2)
 
 
@@ -256,29 +258,27 @@ def _mask_rows(mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor 
     return None if mask is None else mask[:, :, start:end]
 
 
-def _block_row_sq(q_blk: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, recompute: bool) -> torch.Tensor:
-    """Squared norms of one query block's score rows; with ``recompute`` the scores are rebuilt in backward."""
-    if recompute and not torch.jit.is_scripting():
-        return checkpoint(_block_row_sq, q_blk, k, mask, False, use_reentrant=False)
-    return row_square_sums(_relu_scores(q_blk, k, mask))
-
-
-def _block_out(
+def _query_block(
     q_blk: torch.Tensor,
     k: torch.Tensor,
-    v: torch.Tensor,
-    scale: torch.Tensor,
+    v: torch.Tensor | None,
+    scale: torch.Tensor | None,
     mask: torch.Tensor | None,
     dropout_p: float,
     recompute: bool,
 ) -> torch.Tensor:
-    """One query block's output, its normalised scores applied to v; ``recompute`` as in _block_row_sq."""
+    """One query block of the two passes: its score rows' squared norms (pass 1: v and scale None), or its
+    output, the normalised scores applied to v (pass 2). With ``recompute`` the scores are rebuilt in backward
+    (checkpointing), so no block's scores are kept for it."""
     if recompute and not torch.jit.is_scripting():
-        return checkpoint(_block_out, q_blk, k, v, scale, mask, dropout_p, False, use_reentrant=False)
+        return checkpoint(_query_block, q_blk, k, v, scale, mask, dropout_p, False, use_reentrant=False)
     scores = _relu_scores(q_blk, k, mask)
+    if v is None or scale is None:
+        return row_square_sums(scores)
     return scaled_product(F.dropout(scores, dropout_p, training=dropout_p > 0), v, scale)
 
 
+@eager_autocast_off  # autocast would run the product in bfloat16 (scripted graphs have no autocast)
 def soft_query_sums(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The two token sums behind the soft query, for token-major raw queries q of shape (B, N, H, D).
 
@@ -288,13 +288,6 @@ def soft_query_sums(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (B, N, H*D) product whose head-diagonal blocks are kept: H times the (tiny) FLOPs of a per-head sum, but
     no permuted copy of Q.
     """
-    if not torch.jit.is_scripting():  # autocast would run the product in bfloat16 (scripted graphs skip it)
-        with no_autocast(q):
-            return _soft_query_sums(q)
-    return _soft_query_sums(q)
-
-
-def _soft_query_sums(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     B, N, H, D = q.shape
     q = q.to(accumulation_dtype(q))  # half inputs: accumulate and return float32 (CPU matmuls have no out_dtype)
     energy = torch.linalg.vector_norm(q, dim=-1)  # (B, N, H)
@@ -341,8 +334,10 @@ FLOOR_TAU = 1.0  # "floor": the normaliser is at least FLOOR_TAU * mean_l |logit
 
 
 def check_linear_variant(variant: str) -> None:
-    if variant not in LINEAR_VARIANTS:
-        raise UsageError(f"linear_variant must be one of {', '.join(LINEAR_VARIANTS)}; got {variant!r}")
+    """A one-line error for an unknown variant (eager only: TorchScript reads no module-level tuples)."""
+    if not torch.jit.is_scripting():
+        if variant not in LINEAR_VARIANTS:
+            raise UsageError(f"linear_variant must be one of {', '.join(LINEAR_VARIANTS)}; got {repr(variant)}")
 
 
 def linear_scores(logits: torch.Tensor, variant: str) -> torch.Tensor:
@@ -382,13 +377,11 @@ def linear_infsa_importance(
     attended); ``variant`` picks a stabilised score map (LINEAR_VARIANTS). Returns (B, H, N) in the
     accumulation dtype, computed with autocast off.
     """
-    if not torch.jit.is_scripting():  # scripted graphs skip the guard (README: TorchScript)
-        check_linear_variant(variant)
-        with no_autocast(q):
-            return _importance(q, k, eps, variant)
+    check_linear_variant(variant)
     return _importance(q, k, eps, variant)
 
 
+@eager_autocast_off
 def _importance(q: torch.Tensor, k: torch.Tensor, eps: float, variant: str = "release") -> torch.Tensor:
     q_bar = soft_query(q, eps)
     return importance_from_logits(torch.einsum("bhd,bhnd->bhn", q_bar, _scaled(k.to(q_bar.dtype))), eps, variant)
@@ -422,13 +415,11 @@ def linear_infsa(
         (B, H, N, D) tensor in v's dtype; all N rows are equal (the release broadcasts the pooled value).
     """
     check_qkv(q, k, v)
-    if not torch.jit.is_scripting():
-        check_linear_variant(variant)
-        with no_autocast(v):
-            return _linear_infsa(q, k, v, gamma, eps, dropout_p, variant)
+    check_linear_variant(variant)
     return _linear_infsa(q, k, v, gamma, eps, dropout_p, variant)
 
 
+@eager_autocast_off
 def _linear_infsa(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -21,7 +21,9 @@ from .common import (
     accumulation_dtype,
     as_batched,
     check_qkv,
+    eager_autocast_off,
     gamma_as_tensor,
+    is_exporting,
     no_autocast,
     products_dtype,
     sum_over_tokens,
@@ -97,9 +99,8 @@ def katz_mixing(sums: KatzSums, gamma: GammaLike, eps: float, c2: float) -> torc
     """
     gram_q, gram_k, kq, kv = sums
     gr = gamma_as_tensor(gamma, kq.shape[1], kq) * _norm_ratio(gram_q, gram_k, eps, c2)  # (B, H, 1, 1)
-    if not torch.jit.is_scripting():
-        if torch.compiler.is_exporting():  # ONNX has no linear solve: the same series, summed by squaring
-            return neumann_by_squaring(kq * gr) @ (kv * gr)
+    if is_exporting():  # ONNX has no linear solve: the same series, summed by squaring
+        return neumann_by_squaring(kq * gr) @ (kv * gr)
     return torch.linalg.solve_ex(_eye_minus(kq * gr), kv * gr, check_errors=False)[0]
 
 
@@ -132,12 +133,10 @@ def katz_infsa(
     Degenerate inputs (phi(Q) or phi(K) all zero) give a zero output, never NaN.
     """
     check_qkv(q, k, v)
-    if not torch.jit.is_scripting():  # scripted graphs skip the guard (README: TorchScript)
-        with no_autocast(v):
-            return _katz_infsa(q, k, v, gamma, eps, feature_map)
     return _katz_infsa(q, k, v, gamma, eps, feature_map)
 
 
+@eager_autocast_off
 def _katz_infsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, feature_map: str):
     fq, mixing = katz_factors(q, k, v, gamma, eps, feature_map)
     return (fq @ mixing_as(mixing, fq.dtype)).to(v.dtype)
@@ -160,10 +159,8 @@ def katz_factors(
     projection use these."""
     dtype = products_dtype(q)
     (fq, c2), (fk, _) = katz_features(q, feature_map, dtype), katz_features(k, feature_map, dtype)
-    by_tokens = True
-    if not torch.jit.is_scripting():  # exported graphs keep the d x d form: any N, a symbolic one never guarded
-        by_tokens = not torch.compiler.is_exporting()
-    if by_tokens and fq.shape[-2] <= fq.shape[-1]:  # N <= d tokens: an N x N system, small enough for float32
+    # exported graphs keep the d x d form: any N, a symbolic one never guarded
+    if not is_exporting() and fq.shape[-2] <= fq.shape[-1]:  # N <= d tokens: an N x N system, small enough for float32
         acc = accumulation_dtype(q)
         return fq, katz_mixing_by_tokens(fq.to(acc), fk.to(acc), v, gamma, eps, c2)
     return fq, katz_mixing(katz_token_sums(fq, fk, v), gamma, eps, c2)
