@@ -7,9 +7,15 @@ checks, autocast guards) step aside for them.
 Scripting. torch.jit.script compiles forward and everything it calls, except the body of an
 ``if not torch.jit.is_scripting():`` block (or of ``if cond and not torch.jit.is_scripting():``), which it parses
 but never compiles. linvit keeps its eager-only Python in such blocks, each followed by the plain computation the
-scripted graph runs, so every formula still has one definition. Such a block must hold TorchScript syntax (no
-try, import, lambda or nested def; anything else goes into a helper called from it). TorchScript cannot call
-super() either: a subclass calls the parent's method through ``parent_method`` instead.
+scripted graph runs, so every formula still has one definition, and each formula has at most one such block.
+Such a block must hold TorchScript syntax (no try, import, lambda, nested def or f-string conversion; anything
+else goes into a helper called from it). TorchScript cannot call super() either: a subclass calls the parent's
+method through ``parent_method`` instead. The questions scripted code may ask too (stateless_call, is_fx_tracing,
+ops.common.is_exporting) hold their block themselves, so their callers need none, and
+ops.common.eager_autocast_off is the one block of every formula that runs with autocast off.
+
+FX. Proxies carry no sizes, so size-dependent Python stays out of traced graphs: each InfSA and dynamic-weight
+layer is one node (call_eagerly), and so is a ViT's resampled position table (traced_pos_embed).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import types
 from collections.abc import Callable
 
 import torch
+from timm.layers import register_notrace_function, resample_abs_pos_embed
 
 
 def stateless_call() -> bool:
@@ -62,3 +69,33 @@ def parent_method(method: Callable, name: str) -> Callable:
     copy.__kwdefaults__, copy.__annotations__ = method.__kwdefaults__, dict(method.__annotations__)
     copy.__qualname__, copy.__module__, copy.__doc__ = name, method.__module__, method.__doc__
     return copy
+
+
+def traced_pos_embed(vit: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """timm's dynamic-size VisionTransformer._pos_embed for FX tracing, with the table from
+    resampled_position_table (one FX node: the resampling needs concrete sizes)."""
+    B, H, W, C = x.shape
+    prefix = 0 if vit.no_embed_class else vit.num_prefix_tokens
+    gh, gw = vit.patch_embed.grid_size
+    pos = resampled_position_table(vit.pos_embed, x, [gh, gw], prefix)
+    x = x.view(B, H * W, C)
+    prefix_tokens = [t.expand(B, -1, -1) for t in (vit.cls_token, vit.reg_token) if t is not None]
+    if vit.no_embed_class:  # as timm: add, then prepend the prefix tokens (or prepend, then add)
+        x = x + pos
+    if prefix_tokens:
+        x = torch.cat([*prefix_tokens, x], dim=1)
+    if not vit.no_embed_class:
+        x = x + pos
+    return vit.pos_drop(x)
+
+
+def resampled_position_table(pos_embed: torch.Tensor, x: torch.Tensor, grid: list[int], prefix: int) -> torch.Tensor:
+    """The position table resampled (timm's bicubic) from the trained grid to x's (B, H, W, C) token grid.
+
+    An FX leaf in traced graphs; written so that TorchScript compiles it too (FX graph, then torch.jit.script).
+    """
+    return resample_abs_pos_embed(pos_embed, [x.shape[1], x.shape[2]], grid, num_prefix_tokens=prefix)
+
+
+torch.fx.wrap("resampled_position_table")
+register_notrace_function(resampled_position_table)  # the same in timm's FX helpers

@@ -3,7 +3,8 @@
 Each module keeps timm's Attention parameter layout (qkv, q_norm, k_norm, norm, proj), so timm
 tooling (weight init, checkpoint filters, layer-wise lr decay) works unchanged, and adds a per-head
 discount gamma = sigmoid(theta) that trains (the reference release freezes it through `.item()`).
-Every forward compiles with torch.jit.script (see layers/graph_capture.py).
+Every forward compiles with torch.jit.script (see layers/graph_capture.py). Token-chunked inference streams
+through them with ``residual_streamed`` (models/_chunking.py).
 """
 
 # no `from __future__ import annotations`: TorchScript reads FoldedWeights' field types only when they are real types
@@ -57,7 +58,13 @@ class FoldedWeights(NamedTuple):
 
 
 class _InfSABase(nn.Module):
-    """Shared projections, per-head learnable discount and output path of the InfSA attentions."""
+    """Shared projections, per-head learnable discount and output path of the InfSA attentions.
+
+    ``forward`` is the one place the three mixers meet graph capture: under torch.fx.symbolic_trace the layer is
+    one node (graph_capture.call_eagerly), otherwise it runs the subclass's ``mix``.
+    """
+
+    dead_counts: torch.Tensor | None  # a type TorchScript can read when the attribute is still None
 
     def __init__(
         self,
@@ -115,8 +122,27 @@ class _InfSABase(nn.Module):
         """Per-head discount in (0, 1), shape (H,)."""
         return torch.sigmoid(self.theta)
 
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if is_fx_tracing() and not torch.jit.is_scripting():
+            return call_eagerly(self, x, attn_mask, is_causal)
+        return self.mix(x, attn_mask, is_causal)
+
+    def mix(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        """The layer's token mixing, (B, N, C) -> (B, N, C) (each mixer defines it)."""
+        raise NotImplementedError
+
+    def residual_streamed(self, x: torch.Tensor, spans: list[tuple[int, int]], norm, scale) -> torch.Tensor:
+        """x + scale(self(norm(x))) for token-chunked inference over the token spans (no autograd).
+
+        A mixer whose output can be streamed (Linear-InfSA folded, Katz-InfSA) reads norm(x) span by span and
+        adds to x in place; this default (pure InfSA's dense scores) mixes the whole normalised input once.
+        """
+        return x + scale(self(norm(x)))
+
     def note_dead(self, dead: torch.Tensor) -> None:
-        """Add a (B, H) boolean "this head's scores are all zero for this image" to the device-side counts."""
+        """Add a (B, H) boolean "this head's scores are all zero for this image" to the device-side counts.
+
+        Called where ``record_dead`` is set; it compiles under TorchScript too, so scripted layers record alike."""
         counts = self.dead_counts
         assert counts is not None, "record_dead without DeadHeadStats"
         counts[:-1].add_(dead.sum(0).to(counts.dtype))
@@ -152,9 +178,7 @@ class PureInfSAAttention(_InfSABase):
         self.impl = impl
         self.block_size = block_size
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if is_fx_tracing() and not torch.jit.is_scripting():
-            return call_eagerly(self, x, attn_mask, is_causal)
+    def mix(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         q, k, v = self.project_qkv(x)
         if is_causal:
             N = x.shape[1]
@@ -171,7 +195,7 @@ class PureInfSAAttention(_InfSABase):
             attn_mask=attn_mask,
             dropout_p=self.attn_drop.p if self.training else 0.0,
         )
-        if not torch.jit.is_scripting() and self.record_dead:  # all scores zero <=> the head's output is all zero
+        if self.record_dead:  # all scores zero <=> the head's output is all zero
             self.note_dead(out.detach().flatten(2).any(-1).logical_not())
         return self.merge_heads(out)
 
@@ -207,19 +231,27 @@ class LinearInfSAAttention(_InfSABase):
         self.fold_kv = fold_kv
         self.linear_variant = linear_variant
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if is_fx_tracing() and not torch.jit.is_scripting():
-            return call_eagerly(self, x, attn_mask, is_causal)
+    def mix(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError("Linear-InfSA pools all tokens into one state; attention masks are not supported")
-        if self.fold_kv and isinstance(self.k_norm, nn.Identity) and isinstance(self.q_norm, nn.Identity):
+        if self.folds():
             return self._forward_folded(x)
         q, k, v = self.project_qkv(x)
         dropout_p = self.attn_drop.p if self.training else 0.0
         out = linear_infsa(q, k, v, self.gamma, self.eps, dropout_p=dropout_p, variant=self.linear_variant)
-        if not torch.jit.is_scripting() and self.record_dead:  # zero importance <=> a zero pooled value
+        if self.record_dead:  # zero importance <=> a zero pooled value
             self.note_dead(out.detach()[:, :, 0].any(-1).logical_not())
         return self.merge_heads(out)
+
+    def folds(self) -> bool:
+        """Whether the folded path runs: fold_kv, and no q/k norm (they break the linearity in k)."""
+        return self.fold_kv and isinstance(self.k_norm, nn.Identity) and isinstance(self.q_norm, nn.Identity)
+
+    def residual_streamed(self, x: torch.Tensor, spans: list[tuple[int, int]], norm, scale) -> torch.Tensor:
+        """The folded path's output is one (B, 1, C) row: two streaming passes over norm(x), added in place."""
+        if not self.folds():
+            return super().residual_streamed(x, spans, norm, scale)
+        return x.add_(scale(self.pooled_output(_Chunks(x, spans, norm))))  # (B, 1, C) broadcast
 
     def importance(self, x: torch.Tensor) -> torch.Tensor:
         """Token importance a of shape (B, H, N) for the (already normalised) block input x."""
@@ -330,7 +362,7 @@ class LinearInfSAAttention(_InfSABase):
         if b_value is not None:
             z = torch.addcmul(z, mass[..., None], b_value.to(z.dtype))
         B, H, D = z.shape
-        if not torch.jit.is_scripting() and self.record_dead:
+        if self.record_dead:
             self.note_dead(total.detach() == 0)
         if self.linear_variant == "release":  # the release's exact expression (parity tests)
             normaliser = (total + self.eps) / weights.gamma.to(total.dtype)  # gamma on (B, H), not on W_v and b_v
@@ -362,23 +394,24 @@ class KatzInfSAAttention(_InfSABase):
         super().__init__(dim, num_heads, **kwargs)
         self.feature_map = feature_map
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
-        if is_fx_tracing() and not torch.jit.is_scripting():
-            return call_eagerly(self, x, attn_mask, is_causal)
+    def mix(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError("Katz-InfSA works on low-rank factors; attention masks are not supported")
         q, k, v = self.project_qkv(x)
-        if not torch.jit.is_scripting() and self.record_dead and self.feature_map == "relu":
+        if self.record_dead and self.feature_map == "relu":
             # ReLU features all zero on the query or the key side: A = 0 and the head adds nothing for that image
             self.note_dead((q.detach().flatten(2).amax(-1) <= 0) | (k.detach().flatten(2).amax(-1) <= 0))
         if not isinstance(self.norm, nn.Identity):
             return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.feature_map))
-        if not torch.jit.is_scripting():
+        if not torch.jit.is_scripting():  # the factors and the folded projection with autocast off
             with no_autocast(v):
-                fq, mixing = katz_factors(q, k, v, self.gamma, self.eps, self.feature_map)
-                return self.proj_drop(self.project_mixed(q, mixing, fq))
+                return self.proj_drop(self._folded_output(q, k, v))
+        return self.proj_drop(self._folded_output(q, k, v))
+
+    def _folded_output(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The output without a scale norm: the mixing X folded into the output projection (project_mixed)."""
         fq, mixing = katz_factors(q, k, v, self.gamma, self.eps, self.feature_map)
-        return self.proj_drop(self.project_mixed(q, mixing, fq))
+        return self.project_mixed(q, mixing, fq)
 
     def project_mixed(self, q: torch.Tensor, mixing: torch.Tensor, fq: torch.Tensor | None = None) -> torch.Tensor:
         """proj(merge_heads(phi(q) @ mixing)) in q's dtype, as tokens (B, N, H*d) @ (X W_proj^T per head,
@@ -403,6 +436,14 @@ class KatzInfSAAttention(_InfSABase):
         if self.feature_map == "relu":
             return torch.relu(q)  # exact in any dtype
         return katz_feature_map(q.to(accumulation_dtype(q)), self.feature_map).to(q.dtype)
+
+    def residual_streamed(self, x: torch.Tensor, spans: list[tuple[int, int]], norm, scale) -> torch.Tensor:
+        """Pass 1 reads every span's tokens for the mixing X; in pass 2 each span reads only its own rows, so it
+        is updated in place."""
+        mixing = self.streamed_mixing(_Chunks(x, spans, norm))
+        for s, e in spans:
+            x[:, s:e] += scale(self.streamed_output(norm(x[:, s:e]), mixing))
+        return x
 
     def streamed_mixing(self, chunks) -> torch.Tensor:
         """First pass of the token-streamed form: X (B, H, d, D) from token sums accumulated over the
@@ -429,3 +470,13 @@ class KatzInfSAAttention(_InfSABase):
             fq = katz_features(q, self.feature_map, products_dtype(q))[0]
             out = fq @ mixing_as(mixing, fq.dtype)
         return self.merge_heads(out.to(q.dtype))
+
+
+class _Chunks:
+    """Re-iterable view of fn(x[:, s:e]) over token spans (the streaming passes iterate twice)."""
+
+    def __init__(self, x: torch.Tensor, spans: list[tuple[int, int]], fn) -> None:
+        self.x, self.spans, self.fn = x, spans, fn
+
+    def __iter__(self):
+        return (self.fn(self.x[:, s:e]) for s, e in self.spans)
