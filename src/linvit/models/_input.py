@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from timm.layers import PatchEmbed
 
@@ -63,6 +65,23 @@ class CheckedPatchEmbed(PatchEmbed):
             fixed = self.img_size if (self.img_size is not None and self.strict_img_size) else None
             check_image_batch(x, self.proj.in_channels, self.patch_size, fixed, self.dynamic_img_pad, self.check_finite)
         return self._timm_forward(x)
+
+    def rows_embed_apart(self) -> bool:
+        """Whether patches do not overlap, so a band of patch rows embeds as that band of the whole embedding."""
+        return self.proj.stride == self.proj.kernel_size
+
+    def row_bands(self, images: torch.Tensor, rows: int) -> list:
+        """(first row, end row, embed) for bands of ``rows`` token rows of images, each embed() giving that band's
+        (B, rows, W, C) tokens (NHWC output, rows_embed_apart): token-chunked inference embeds band by band."""
+        H = self.dynamic_feat_size(images.shape[-2:])[0]
+        step = self.patch_size[0]
+        spans = [(r0, min(H, r0 + rows)) for r0 in range(0, H, rows)]
+        return [
+            (r0, r1, partial(self._embed_rows, images, r0 * step, r1 * step if r1 < H else None)) for r0, r1 in spans
+        ]
+
+    def _embed_rows(self, images: torch.Tensor, top: int, bottom: int | None) -> torch.Tensor:
+        return self(images[:, :, top:bottom])
 
 
 def patch_size(model: torch.nn.Module) -> tuple[int, int]:

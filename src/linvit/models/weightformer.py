@@ -25,7 +25,7 @@ from ..layers.dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, identity_tap, r
 from ..layers.graph_capture import call_eagerly, is_fx_tracing
 from ..layers.infsa_attention import check_choice
 from ._cfg import hub_weights, model_cfg, require_weights
-from ._chunking import check_token_chunk, resolve_token_chunk
+from ._chunking import TokenChunking, check_token_chunk, resolve_token_chunk, weightformer_features_chunked
 from ._input import CheckedPatchEmbed
 
 torch.fx.wrap("call_eagerly")  # one node per block in FX graphs (see layers.graph_capture.call_eagerly)
@@ -118,8 +118,7 @@ class WeightFormerBlock(nn.Module):
                 x[:, s:e] = self.norm1(x[:, s:e])
         x = self.token_mixing(x, grid_size)
         if self.dynamic:
-            pooled = self.linear1.pooled_bands((self.norm2(x[:, s:e]), g) for s, e, g in bands)
-            weight = self.linear1.dynamic_weight(*self.linear1.correlation_of_pooled(*pooled))
+            weight = self.linear1.weight_of_bands((self.norm2(x[:, s:e]), g) for s, e, g in bands)
         for s, e, _ in bands:
             h = self.norm2(x[:, s:e])
             h = self.linear1.apply_weight(h, weight) if self.dynamic else self.linear1(h)
@@ -127,7 +126,7 @@ class WeightFormerBlock(nn.Module):
         return x
 
 
-class WeightFormer(nn.Module):
+class WeightFormer(nn.Module, TokenChunking):
     """WeightFormer backbone with timm's model API.
 
     Args:
@@ -249,32 +248,32 @@ class WeightFormer(nn.Module):
         return self.init_norm(self.patch_embed(x)), grid_size
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, 3, H, W) -> normalised tokens (B, N, C)."""
+        """(B, 3, H, W) -> normalised tokens (B, N, C); token-chunked at inference over many tokens."""
         x, grid_size = self._embed(x)
         if not torch.jit.is_scripting():
             chunk = resolve_token_chunk(self.token_chunk, x.shape[1])
             if chunk is not None:
-                return self._forward_features_chunked(x, grid_size, chunk)
-        for blk in self.blocks:  # (TorchScript takes no module as an argument: the checkpoint choice is inline)
-            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, grid_size, use_reentrant=False)
-            else:
-                x = blk(x, grid_size)
-        return self.norm(x)
+                return weightformer_features_chunked(self, x, grid_size, chunk)
+        every_block, keep_none = len(self.blocks), torch.jit.annotate(list[int], [])
+        return self.norm(self._run_blocks(x, grid_size, every_block, keep_none, False, False)[0])
 
-    @torch.no_grad()
-    def _forward_features_chunked(self, x: torch.Tensor, grid_size: tuple[int, int], chunk: int) -> torch.Tensor:
-        band_rows = max(2, chunk // grid_size[1] // 2 * 2)  # even, so 2x2 pooling windows stay in one band
-        for blk in self.blocks:
-            x = blk.forward_chunked(x, grid_size, band_rows)
-        for s in range(0, x.shape[1], band_rows * grid_size[1]):
-            x[:, s : s + band_rows * grid_size[1]] = self.norm(x[:, s : s + band_rows * grid_size[1]])
-        return x
-
-    def set_token_chunk(self, chunk: int | str | None) -> None:
-        """Tokens per chunk, "auto", or None (off) for inference; see the class docstring."""
-        check_token_chunk(chunk)
-        self.token_chunk = chunk
+    def _run_blocks(
+        self, x: torch.Tensor, grid_size: tuple[int, int], stop: int, keep: list[int], norm: bool, nchw: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The first ``stop`` blocks (grad-checkpointed when set, in training), and the outputs of the blocks in
+        keep (normalised with ``norm``, as NCHW maps with ``nchw``). TorchScript takes no module as an argument,
+        so forward_features and forward_intermediates share this loop rather than a per-block helper."""
+        kept: list[torch.Tensor] = []
+        for i, blk in enumerate(self.blocks):
+            if i < stop:
+                if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                    x = checkpoint(blk, x, grid_size, use_reentrant=False)
+                else:
+                    x = blk(x, grid_size)
+                if i in keep:
+                    y = self.norm(x) if norm else x
+                    kept.append(_to_map(y, grid_size) if nchw else y)
+        return x, kept
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == "avg":
@@ -299,16 +298,8 @@ class WeightFormer(nn.Module):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take, max_index = feature_take_indices(len(self.blocks), indices)
         x, grid_size = self._embed(x)
-        intermediates = []
-        blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
-        for i, blk in enumerate(blocks):
-            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-                x = checkpoint(blk, x, grid_size, use_reentrant=False)
-            else:
-                x = blk(x, grid_size)
-            if i in take:
-                y = self.norm(x) if norm else x
-                intermediates.append(_to_map(y, grid_size) if output_fmt == "NCHW" else y)
+        stop = max_index + 1 if stop_early else len(self.blocks)
+        x, intermediates = self._run_blocks(x, grid_size, stop, take, norm, output_fmt == "NCHW")
         if intermediates_only:
             return intermediates
         return self.norm(x), intermediates
