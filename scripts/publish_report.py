@@ -1,10 +1,10 @@
 """Publish a `linvit reproduce` run into docs/: the report with its figures and report.json, and the generated
-parts of docs/results.md (`<!-- reproduce:begin/end -->` markers) and README.md (`<!-- quick:begin/end -->`).
+parts of docs/results.md (`<!-- reproduce:begin/end -->` markers) and docs/reproduce.md (`<!-- quick:begin/end -->`).
 
 Nothing is typed by hand: every table comes from the run's report.json through linvit.reproduce.report.
 
     python scripts/publish_report.py runs/reproduce-full --name report-cpu --results
-    python scripts/publish_report.py runs/reproduce-quick --name report-quick --readme README.md
+    python scripts/publish_report.py runs/reproduce-quick --name report-quick --readme docs/reproduce.md
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--name", default="report-cpu", help="docs/<name>.md and docs/<name>/")
     parser.add_argument("--docs", type=Path, default=Path("docs"))
     parser.add_argument("--results", action="store_true", help="regenerate docs/results.md's main section")
-    parser.add_argument("--readme", type=Path, default=None, help="regenerate this README's quick-start table")
+    parser.add_argument("--readme", type=Path, default=None, help="regenerate this page's quick-run table")
     args = parser.parse_args()
     report = publish_report(args.run, args.docs, args.name)
     if args.results:
