@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 import linvit
 from conftest import assert_checkpointing_keeps_gradients, rel_err
 from linvit.layers import CONV_PREDICTORS, LINEAR_PREDICTORS, DynamicDWConv, DynamicLinear
-from linvit.models.weightformer import load_checkpoint
+from linvit.weights import load_checkpoint
 from reference_weightformer import RefWeightFormer
 
 WF_MODELS = ["weightformer_tiny_patch16_224", "weightformer_small_patch16_224", "weightformer_base_patch16_448"]

@@ -18,8 +18,8 @@ from torchvision.models.detection.anchor_utils import AnchorGenerator
 
 from ..conversion import convert_if_asked
 from ..errors import UsageError
-from ..evaluate import load_backbone
 from ..models.pyramid import create_pyramid
+from ..weights import load_backbone
 
 KINDS = ("fasterrcnn", "retinanet", "maskrcnn")
 

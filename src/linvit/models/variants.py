@@ -66,13 +66,6 @@ def check_model_name(name: str) -> None:
         raise UsageError(f"unknown model {name!r} (see `linvit models` or timm.list_models())")
 
 
-def create_model(spec: str, **kwargs) -> nn.Module:
-    """timm.create_model for any timm name plus linvit's ':variant' suffix (see the module docstring)."""
-    name, variant = split_name(spec)
-    check_model_name(name)
-    return apply_variant(timm.create_model(name, **kwargs), variant)
-
-
 def apply_variant(model: nn.Module, variant: str | None) -> nn.Module:
     """Switch every matching attention module of model to the variant; error if none matches."""
     if variant is None:
@@ -98,47 +91,32 @@ def apply_variant(model: nn.Module, variant: str | None) -> nn.Module:
     return model
 
 
-def pretrained_overlay(name: str, path: str | Path) -> dict:
-    """timm's pretrained_cfg_overlay that loads weights from a local file (.pth/.pt/.safetensors).
-
-    The overlay states how many classes the file's classifier has, so timm keeps that classifier when the
-    model has as many and replaces it (a new head) when it has another number, as with any timm checkpoint.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: pretrained file not found")
-    try:
-        state = timm.models.load_state_dict(str(path), weights_only=True)
-    except Exception as err:  # noqa: BLE001 - unpickling refusals, corrupt files
-        raise UsageError(f"{path}: cannot read checkpoint safely ({type(err).__name__}: {err})") from err
-    classifier = timm.models.get_pretrained_cfg(name).classifier if timm.models.get_pretrained_cfg(name) else None
-    heads = [classifier] if isinstance(classifier, str) else list(classifier or [])
-    weight = state.get(f"{heads[0]}.weight") if heads else None
-    return dict(file=str(path), num_classes=0 if weight is None else int(weight.shape[0]))
-
-
-def create_variant(
-    spec: str, img_size: int | tuple[int, int] | None = None, pretrained_file: str | Path | None = None, **kwargs
+def create_model(
+    spec: str,
+    img_size: int | tuple[int, int] | None = None,
+    pretrained_file: str | Path | None = None,
+    any_size: bool = False,
+    **kwargs,
 ) -> nn.Module:
-    """timm.create_model for 'name[:variant]', built for img_size when the model takes that argument.
+    """The one model builder: timm.create_model for any timm name plus linvit's ':variant' suffix (see the
+    module docstring); kwargs (num_classes, model kwargs, pretrained=True for published or Hub weights) go to
+    timm.
 
-    pretrained_file loads weights through timm's pretrained path (the model's checkpoint filter resamples
-    position embeddings and fills InfSA discounts missing from a softmax checkpoint; see pretrained_overlay).
+    img_size builds the model for that input where it takes the argument; any_size resamples the position
+    embeddings per input where it has them. pretrained_file loads starting weights from a local file through
+    timm's pretrained path (the model's checkpoint filter resamples position embeddings and fills InfSA
+    discounts missing from a softmax checkpoint; see linvit.weights.pretrained_overlay).
     """
     name, variant = split_name(spec)
     check_model_name(name)
     if pretrained_file is not None:
+        from ..weights import pretrained_overlay  # linvit.weights imports the models
+
         kwargs.update(pretrained=True, pretrained_cfg_overlay=pretrained_overlay(name, pretrained_file))
+    optional = {"img_size": img_size} if img_size is not None else {}
+    optional.update({"dynamic_img_size": True} if any_size else {})
     try:
-        if img_size is not None:
-            try:
-                model = timm.create_model(name, img_size=img_size, **kwargs)
-            except TypeError as err:  # models without a fixed input size (no img_size argument) only
-                if not _rejects_argument(err, "img_size"):
-                    raise
-                model = timm.create_model(name, **kwargs)
-        else:
-            model = timm.create_model(name, **kwargs)
+        model = _create_taking(name, optional, kwargs)
     except TypeError as err:
         raise ModelArgumentError(f"cannot build {name} with arguments {kwargs}: {err}") from err
     except RuntimeError as err:  # load_state_dict: the pretrained file does not fit the model
@@ -149,16 +127,28 @@ def create_variant(
     return apply_variant(model, variant)
 
 
+def _create_taking(name: str, optional: dict, kwargs: dict) -> nn.Module:
+    """timm.create_model(name, **optional, **kwargs) without each optional argument the model does not take
+    (img_size on a model without a fixed input size, dynamic_img_size on one without position embeddings);
+    any other TypeError is the caller's."""
+    while True:
+        try:
+            return timm.create_model(name, **optional, **kwargs)
+        except TypeError as err:
+            rejected = next((k for k in optional if _rejects_argument(err, k)), None)
+            if rejected is None:
+                raise
+            optional = {k: v for k, v in optional.items() if k != rejected}
+
+
 def _rejects_argument(err: TypeError, name: str) -> bool:
     """err is Python's "unexpected keyword argument 'name'" (and not some other TypeError inside the model)."""
     return f"unexpected keyword argument '{name}'" in str(err)
 
 
+create_variant = create_model  # linvit.models' earlier name for the builder, kept for its callers
+
+
 def create_any_size(spec: str, **kwargs) -> nn.Module:
-    """create_variant for inputs of any size: position embeddings resampled per input where the model has them."""
-    try:
-        return create_variant(spec, dynamic_img_size=True, **kwargs)
-    except TypeError as err:  # models without position embeddings (WeightFormer) take any size as they are
-        if not _rejects_argument(err, "dynamic_img_size"):
-            raise
-        return create_variant(spec, **kwargs)
+    """create_model for inputs of any size: position embeddings resampled per input where the model has them."""
+    return create_model(spec, any_size=True, **kwargs)

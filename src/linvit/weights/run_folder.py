@@ -1,0 +1,99 @@
+"""What a run folder says about its weights: its config.json (the ``linvit`` section, timm's model_args,
+which weights model.safetensors holds) and its args.yaml (the command that trained it), read so that
+`eval --checkpoint RUN` and friends rebuild the run's own model without being told its name.
+
+Run folders are written by linvit.utils.artifacts; every folder written since config.json existed loads here
+(tests/fixtures/run_v0_* are folders of that first format).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TypeVar
+
+from ..config import Config
+from ..errors import UsageError
+from ..utils.artifacts import CONFIG, WEIGHTS
+
+ARGS = "args.yaml"
+# what defines the model in a run's args.yaml: taken from the run when no model is named
+MODEL_ARGS = ("model", "model_kwargs", "convert", "pyramid_channels", "head_channels")
+MODEL_ARGS += ("detector", "min_size", "max_size", "anchor_base")  # detection: the detector and its resize
+# input settings taken from the run when not given
+INPUT_ARGS = ("img_size", "crop_pct")
+
+C = TypeVar("C", bound=Config)
+
+
+def check_exists(path: str | Path) -> Path:
+    """path as a Path; a one-line error naming it when nothing is there (a typo, or a run not trained yet)."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or folder")
+    return path
+
+
+def read_run_config(path: str | Path) -> tuple[Path, dict] | None:
+    """(run folder, its config.json) when path is a linvit run folder or a file inside one, else None; a path
+    that does not exist is an error here, so that no caller reports it as "not a run folder"."""
+    path = check_exists(path)
+    folder = path if path.is_dir() else path.parent
+    config = folder / CONFIG
+    if not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text())
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{config}: not valid JSON ({err})") from err
+    return (folder, data) if isinstance(data, dict) and "linvit" in data else None
+
+
+def run_model_args(path: str | Path) -> dict:
+    """The timm model_args a classification run was built with (img_size, num_classes, ...), {} for a file
+    outside a run folder or a run timm did not build (segmentation, detection, generation)."""
+    found = read_run_config(path)
+    return dict(found[1].get("model_args") or {}) if found else {}
+
+
+def saved_weights_kind(checkpoint: str | Path) -> str | None:
+    """ "ema" or "model" for a run's model.safetensors (from its config.json), None when unknown."""
+    found = read_run_config(checkpoint)
+    if found is None or Path(checkpoint).name != WEIGHTS:
+        return None
+    return found[1]["linvit"].get("weights")
+
+
+def run_args(folder: Path) -> dict:
+    """The run's args.yaml as a mapping ({} when empty): what its command was given."""
+    import yaml
+
+    return yaml.safe_load((folder / ARGS).read_text()) or {}
+
+
+def use_run_folder(config: C) -> tuple[C, Path | None]:
+    """(config, run folder) for `... eval --checkpoint RUN` (or a file in RUN): a folder means its
+    model.safetensors, and without a model name the model is rebuilt from the run's args.yaml (name, kwargs,
+    conversion, head widths, and the input size unless given). The run folder is None when the checkpoint is
+    not in one. config is any command's Config with ``checkpoint`` and ``model`` fields; a new one is returned.
+    """
+    if not config.checkpoint:
+        if config.model is None:
+            raise UsageError("--model is required without --checkpoint")
+        return config, None
+    path, changes = check_exists(config.checkpoint), {}
+    if path.is_dir():
+        if not (path / WEIGHTS).is_file():
+            raise UsageError(f"{path}: no {WEIGHTS} in this folder (a run that has not finished? pass its last.pth)")
+        changes["checkpoint"] = str(path / WEIGHTS)
+    checkpoint = changes.get("checkpoint", config.checkpoint)
+    folder = Path(checkpoint).parent
+    if not (folder / ARGS).is_file():
+        if config.model is None:
+            raise UsageError(f"--model is required: {checkpoint} is not in a linvit run folder (no {ARGS})")
+        return config.replace(**changes), None
+    run, names = run_args(folder), config.field_names()
+    for key in (MODEL_ARGS if config.model is None else ()) + INPUT_ARGS:
+        if key in run and key in names and (key in MODEL_ARGS or getattr(config, key) is None):
+            changes[key] = run[key]
+    return config.replace(**changes), folder
