@@ -347,14 +347,6 @@ def checkpoint_filter_fn(state_dict: dict, model: WeightFormer) -> dict:
     return state_dict
 
 
-def load_checkpoint(model: WeightFormer, path: str, strict: bool = True) -> WeightFormer:
-    """Load an official or linvit WeightFormer checkpoint (.pth/.pt or .safetensors) without executing code."""
-    from timm.models import load_state_dict
-
-    model.load_state_dict(checkpoint_filter_fn(load_state_dict(str(path), weights_only=True), model), strict=strict)
-    return model
-
-
 def _cfg(variant: str, **kwargs) -> dict:
     """The release's evaluation (data/build.py): resize to a square of input / 0.875 (timm's "squash"), centre
     crop, bicubic, ImageNet mean / std; the weights from the Hub. (The Hub model card's snippet normalises with
