@@ -58,7 +58,7 @@ def main() -> None:
         for model in args.models.split(","):
             for maps in (False, True):
                 argv = ["linvit", "predict", str(picture), "--model", model, "--native", "--no-progress"]
-                argv += ["--threads", str(args.threads), "--out", f"{tmp}/preds.jsonl"]
+                argv += ["--threads", str(args.threads), "--output", f"{tmp}/preds.jsonl"]
                 argv += ["--maps", f"{tmp}/maps"] if maps else []
                 record = measure(argv)
                 rows.append({"model": model, "maps": maps, "command": " ".join(argv[:1] + argv[1:]), **record})

@@ -7,7 +7,7 @@ set -euo pipefail
 OUT=${1:-runs/convert}
 SEEDS=${SEEDS:-"0 1 2"}
 DATA=data/cmnist48
-[ -d $DATA ] || linvit data cluttered-mnist --out $DATA --canvas 48 --per-class-train 200 --per-class-val 50 \
+[ -d $DATA ] || linvit data cluttered-mnist --output $DATA --canvas 48 --per-class-train 200 --per-class-val 50 \
     --clutter 3 --seed 0
 RECIPE=(--data $DATA --img-size 48 --crop-pct 1.0 --batch-size 16 --lr 5e-4 --drop-path 0 --aa none --mixup 0
     --cutmix 0 --reprob 0 --scale 1 1 --ratio 1 1 --hflip 0 --workers 0 --no-progress)

@@ -5,7 +5,7 @@
 set -euo pipefail
 OUT=${1:-runs/detect}
 DATA=data/cmnist64det
-[ -d $DATA/detection ] || linvit data cluttered-mnist --out $DATA --canvas 64 --per-class-train 60 \
+[ -d $DATA/detection ] || linvit data cluttered-mnist --output $DATA --canvas 64 --per-class-train 60 \
     --per-class-val 15 --clutter 2 --digits-per-image 3
 MODELS="deit_tiny_patch16_224 infvit_tiny_patch16_224 linear_infvit_tiny_patch16_224 katz_infvit_tiny_patch16_224 weightformer_tiny_patch16_224"
 for m in $MODELS; do

@@ -60,7 +60,7 @@ def plan(out: str, seeds: list[int], epochs: int, mixers=MIXERS) -> list[Stage]:
             inputs = [f"{run}/model.safetensors", "classifier/model.safetensors"]  # retrained: scored again
             stages.append(Stage(f"score/{mixer}/s{seed}", argv, [f"scores/{mixer}_s{seed}.json"], 60, {}, inputs))
         argv = ["generate", "sample", "--checkpoint", f"{out}/runs/{mixer}/s{seeds[0]}", "--num", "40"]
-        argv += ["--device", "cpu", "--no-progress", "--out", f"{out}/grids/{mixer}.png"]
+        argv += ["--device", "cpu", "--no-progress", "--output", f"{out}/grids/{mixer}.png"]
         weights = [f"runs/{mixer}/s{seeds[0]}/model.safetensors"]
         stages.append(Stage(f"sample/{mixer}", argv, [f"grids/{mixer}.png"], 10, {}, weights))
     return stages

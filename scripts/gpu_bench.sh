@@ -15,7 +15,7 @@ recorded=docs/bench/gpu_h200/plan
 if [[ "${1:-}" == gpu_* ]]; then
   suite=$1
   shift
-  exec linvit bench --suite "$suite" --device cuda --dtype bf16 --out "${OUT_DIR:-docs/bench/gpu_h200}" "$@"
+  exec linvit bench --suite "$suite" --device cuda --dtype bf16 --output "${OUT_DIR:-docs/bench/gpu_h200}" "$@"
 fi
 docs_section() {
   local tmp

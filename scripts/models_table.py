@@ -20,7 +20,7 @@ ROW = re.compile(r"^\| `(?P<name>[\w:]+)` \|(?P<middle>.*)\| [\d,]+ \| [\d.]+(?P
 
 def counts(pattern: str, img_size: int) -> dict[str, dict]:
     """{model: {"params", "gmacs"}} of the models matching pattern, from `linvit models --macs --json`."""
-    argv = ["linvit", "models", "--filter", pattern, "--macs", "--json", "--img-size", str(img_size)]
+    argv = ["linvit", "models", "--filter", pattern, "--macs", "--json", "--macs-at", str(img_size)]
     rows = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
     return {row["model"]: {"params": row["params"], "gmacs": row[f"gmacs@{img_size}"]} for row in rows}
 

@@ -1,8 +1,12 @@
 """The `linvit` command line: one subcommand per task, each with --help and a one-line error on bad input.
 
 A top-level module rather than part of the ``linvit`` package: ``import linvit`` imports torch and timm (it
-registers the models), which takes seconds, and printing ``--help`` should not. Each subcommand imports its
-``linvit.<package>`` only when it runs.
+registers the models), which takes seconds, and printing ``--help`` should not. Each command is a small function
+below (``_train``, ``_predict``, ...) that imports its handler and config only when it runs, builds the config
+from the parsed flags (``XConfig.from_mapping(vars(args))``) and calls the handler with it: argparse stops here.
+
+Renamed flags keep their old spelling for one release, hidden from --help, with a one-line note on stderr
+(``_add_renamed``).
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ POSITIVE, NON_NEGATIVE = _count(1), _count(0)
 
 def _parse_kwargs(pairs: list[str]) -> dict:
     """['k=v', ...] -> {k: v} with v parsed as JSON when possible (numbers, true/false), else a string.
-    A dict (from --config or a run's args.yaml) is taken as it is."""
+    A dict (from --config or a run's args.yaml) is taken as it is (copied: the parser's default stays {})."""
     if isinstance(pairs, dict):
-        return pairs
+        return dict(pairs)
     out = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
@@ -75,23 +79,54 @@ def _set_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
-def _runner(module: str, function: str, prepare=None):
-    """A subcommand that parses --model-kwargs (if it has them) and calls linvit.<module>.<function>(args),
-    imported only when the command runs."""
+def _prepare(args: argparse.Namespace, *checks) -> argparse.Namespace:
+    """--threads applied, --model-kwargs parsed, --pretrained folded into them, each check run (a check may
+    normalise its flag)."""
+    _set_threads(args)
+    if hasattr(args, "model_kwargs"):
+        args.model_kwargs = _parse_kwargs(args.model_kwargs)
+        if getattr(args, "pretrained", False):
+            args.model_kwargs["pretrained"] = True
+    for check in checks:
+        check(args)
+    return args
 
-    def run(args: argparse.Namespace) -> None:
-        import importlib
 
-        _set_threads(args)
-        if hasattr(args, "model_kwargs"):
-            args.model_kwargs = _parse_kwargs(args.model_kwargs)
-            if getattr(args, "pretrained", False):
-                args.model_kwargs["pretrained"] = True
-        if prepare is not None:
-            prepare(args)
-        getattr(importlib.import_module(f"linvit.{module}"), function)(args)
+def _config(config_class, args: argparse.Namespace, *checks):
+    """The command's config (a linvit.config.Config) from its parsed flags, after _prepare."""
+    return config_class.from_mapping(vars(_prepare(args, *checks)))
 
-    return run
+
+def _deprecated(old: str, new: str) -> None:
+    print(f"linvit: {old} is deprecated, use {new} ({old} goes in the next release)", file=sys.stderr)
+
+
+class _OldSpelling(argparse.Action):
+    """A renamed flag's old spelling: hidden from --help, it stores into the new flag's dest and says so."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        kwargs.update(help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _deprecated(option_string, self.new)
+        setattr(namespace, self.dest, values)
+
+
+def _add_renamed(p, new: str, old: str, **kwargs) -> argparse.Action:
+    """The flag ``new`` (as add_argument takes it) and ``old``, its previous spelling, kept for one release:
+    either satisfies required=True, both at once is an error."""
+    group = p.add_mutually_exclusive_group(required=kwargs.pop("required", False))
+    action = group.add_argument(new, **kwargs)
+    same = {k: getattr(action, k) for k in ("dest", "type", "nargs", "choices", "metavar")}
+    group.add_argument(old, action=_OldSpelling, new=new, **same)
+    return action
+
+
+def _add_output_arg(p, help: str, required: bool = True) -> None:
+    """--output, the one name of every command's output (a file or a folder); --out is its old spelling."""
+    _add_renamed(p, "--output", "--out", required=required, default=None, help=help)
 
 
 def _layer_arg(args: argparse.Namespace) -> None:
@@ -102,7 +137,7 @@ def _add_model_args(p: argparse.ArgumentParser, model_help: str, kwargs_help: st
     """--model and --model-kwargs, one group for every command that builds a model."""
     group = p.add_argument_group("model")
     group.add_argument("--model", required=required, default=None, help=model_help)
-    group.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help=kwargs_help)
+    group.add_argument("--model-kwargs", nargs="*", default={}, metavar="K=V", help=kwargs_help)
     group.add_argument(
         "--pretrained",
         action="store_true",
@@ -124,11 +159,21 @@ def _add_runtime_args(p: argparse.ArgumentParser, batch_size: int) -> None:
 def _add_device_args(p) -> None:
     """--amp and --device, for every command that runs a model."""
     p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast precision")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    _add_device_arg(p)
+
+
+DEVICES = ("auto", "cpu", "cuda")  # auto: cuda when torch sees one (linvit.distributed.resolve_device)
+
+
+def _add_device_arg(p, default: str = "auto", help: str = "auto: cuda when torch sees one, else cpu") -> None:
+    """--device, the same choices in every command (bench and reproduce default to cpu, and say so)."""
+    p.add_argument("--device", choices=DEVICES, default=default, help=help)
 
 
 MODEL_HELP = "registered model name, optionally with a :variant suffix"
-GENERATE_MIXERS = ("softmax", "pure", "linear", "katz", "weightformer")  # linvit.models.dit.MIXERS
+# the mixer of generate's DiT, spelled as --convert spells it; the value is linvit.models.dit's name for it
+MIXER_NAMES = {"softmax": "softmax", "linear_infsa": "linear", "pure_infsa": "pure", "katz_infsa": "katz"}
+MIXER_NAMES["weightformer"] = "weightformer"
 CONVERT_VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.conversion.VARIANTS, without importing it
 # with a stabilised Linear-InfSA (ops.infsa.LINEAR_VARIANTS but the release form; docs/spec/infsa.md 3.1)
 CONVERT_VARIANTS += ("linear_infsa:floor", "linear_infsa:softplus", "linear_infsa:elu+1")
@@ -170,7 +215,6 @@ def _add_common_data_args(p: argparse.ArgumentParser, model_required: bool = Tru
     p.add_argument("--img-size", type=POSITIVE, default=None, help="input side (default: the model's)")
     p.add_argument("--crop-pct", type=float, default=None, help="eval centre-crop fraction (default: the model's)")
     _add_runtime_args(p, batch_size=64)
-    _add_compile_arg(p)
 
 
 def _add_compile_arg(p: argparse.ArgumentParser) -> None:
@@ -188,10 +232,16 @@ def _add_segment_args(p: argparse.ArgumentParser, model_required: bool = True) -
     if not model_required:
         backbone += " (default: the run's, with --checkpoint RUN)"
     _add_model_args(p, backbone, "extra backbone kwargs", required=model_required)
-    p.add_argument("--img-size", type=POSITIVE, default=None, help="evaluation: resize the shorter side to this")
+    _add_resize_arg(p, "evaluation: resize the shorter side to PX (default: each image as it is)")
     _add_runtime_args(p, batch_size=8)
     p.add_argument("--pyramid-channels", type=POSITIVE, default=256)
     p.add_argument("--head-channels", type=POSITIVE, default=128)
+
+
+def _add_resize_arg(p: argparse.ArgumentParser, help: str) -> None:
+    """--resize PX: the shorter side segmentation resizes pictures to (it was --img-size, which elsewhere is the
+    model's input size); the config keeps the run folders' name, img_size."""
+    _add_renamed(p, "--resize", "--img-size", dest="img_size", type=POSITIVE, default=None, metavar="PX", help=help)
 
 
 def _add_detect_args(p: argparse.ArgumentParser, model_required: bool = True) -> None:
@@ -211,24 +261,42 @@ def _add_detect_args(p: argparse.ArgumentParser, model_required: bool = True) ->
 def _add_dense_predict_args(p: argparse.ArgumentParser, out_help: str) -> None:
     p.add_argument("images", nargs="+", help="image files, folders (searched recursively) or glob patterns")
     p.add_argument("--checkpoint", required=True, help="the run folder of a finished training run")
-    p.add_argument("--out", default=None, help=out_help)
+    _add_output_arg(p, out_help, required=False)
     p.add_argument("--draw", default=None, metavar="DIR", help="drawn pictures: DIR/<name>.png at each image's size")
     p.add_argument("--max-pixels", type=POSITIVE, default=None, help="refuse larger images (default 2^28)")
     _add_device_args(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the images")
 
 
+def _add_fit_args(p: argparse.ArgumentParser, *, epochs: int, lr, warmup_epochs: int, **defaults) -> None:
+    """The flags of the one trainer (linvit.config.TrainConfig), the same in every training command; defaults
+    (weight_decay, clip_grad, min_lr, warmup_lr, lr_help) are the task's."""
+    group = p.add_argument_group("training schedule (every training command)")
+    group.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
+    group.add_argument("--epochs", type=POSITIVE, default=epochs)
+    group.add_argument("--lr", type=float, default=lr, help=defaults.get("lr_help", "learning rate"))
+    group.add_argument("--opt", default="adamw", help="timm optimizer name")
+    group.add_argument("--weight-decay", type=float, default=defaults.get("weight_decay", 0.05))
+    group.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=warmup_epochs)
+    group.add_argument(
+        "--warmup-lr", type=float, default=defaults.get("warmup_lr"), help="warm-up start (default lr / 1000)"
+    )
+    group.add_argument("--min-lr", type=float, default=defaults.get("min_lr"), help="cosine end (default lr / 100)")
+    group.add_argument("--clip-grad", type=float, default=defaults.get("clip_grad"), help="max gradient norm")
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
+    group.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms")
+    group.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+    _add_log_arg(group)
+    _add_compile_arg(group)
+
+
 def _add_dense_train_args(p: argparse.ArgumentParser, splits: tuple[str, str], epochs: int) -> None:
-    """The recipe flags segment train and detect train share (AdamW, cosine per iteration, resume, logging)."""
-    p.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
+    """The flags segment train and detect train share (AdamW at 1e-4, cosine per iteration, starting weights)."""
+    _add_fit_args(p, epochs=epochs, lr=1e-4, warmup_epochs=1, lr_help="AdamW learning rate (per-iteration cosine)")
     p.add_argument("--train-split", default=splits[0])
     p.add_argument("--val-split", default=splits[1])
-    p.add_argument("--epochs", type=POSITIVE, default=epochs)
-    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (per-iteration cosine schedule)")
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
     p.add_argument("--hflip", type=float, default=0.5, help="horizontal-flip probability")
-    p.add_argument("--clip-grad", type=float, default=None)
     p.add_argument(
         "--backbone-checkpoint",
         "--pretrained-file",
@@ -236,10 +304,16 @@ def _add_dense_train_args(p: argparse.ArgumentParser, splits: tuple[str, str], e
         help="classification weights to start the backbone from (its head is dropped)",
     )
     _add_convert_arg(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
-    _add_log_arg(p)
+
+
+def _mixer(text: str) -> str:
+    """argparse type of generate's --mixer: linear_infsa (or the old linear, with a note) -> linear."""
+    if text in MIXER_NAMES:
+        return MIXER_NAMES[text]
+    if text in ("linear", "pure", "katz"):
+        _deprecated(f"--mixer {text}", f"--mixer {text}_infsa")
+        return text
+    raise argparse.ArgumentTypeError(f"expected one of {', '.join(MIXER_NAMES)}, got {text!r}")
 
 
 def _check_crop(args: argparse.Namespace) -> None:
@@ -252,11 +326,6 @@ def _check_optional_img_size(args: argparse.Namespace) -> None:
         _check_img_size(args)
 
 
-def _check_explain_args(args: argparse.Namespace) -> None:
-    _layer_arg(args)
-    _check_optional_img_size(args)
-
-
 def _check_img_size(args: argparse.Namespace) -> None:
     if len(args.img_size) not in (1, 2):
         raise _usage(f"--img-size takes one side or H W, got {args.img_size}")
@@ -264,17 +333,18 @@ def _check_img_size(args: argparse.Namespace) -> None:
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     _add_common_data_args(p)
-    p.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors")
+    _add_fit_args(
+        p,
+        epochs=300,
+        lr=None,
+        warmup_epochs=5,
+        min_lr=1e-5,
+        warmup_lr=1e-6,
+        lr_help="absolute learning rate (default: base-lr * batch / 512)",
+    )
     p.add_argument("--train-split", default="train")
     p.add_argument("--val-split", default="val")
-    p.add_argument("--epochs", type=POSITIVE, default=300)
-    p.add_argument("--lr", type=float, default=None, help="absolute learning rate (default: base-lr * batch / 512)")
     p.add_argument("--base-lr", type=float, default=5e-4, help="learning rate per 512 images of global batch")
-    p.add_argument("--min-lr", type=float, default=1e-5)
-    p.add_argument("--warmup-lr", type=float, default=1e-6)
-    p.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=5)
-    p.add_argument("--opt", default="adamw", help="timm optimizer name")
-    p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--drop-path", type=float, default=0.1, help="stochastic depth rate")
     p.add_argument("--scale", type=float, nargs=2, default=[0.08, 1.0], help="RandomResizedCrop area range")
     p.add_argument("--ratio", type=float, nargs=2, default=[3 / 4, 4 / 3], help="RandomResizedCrop aspect range")
@@ -286,16 +356,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cutmix", type=float, default=1.0, help="cutmix alpha (0 = off)")
     p.add_argument("--smoothing", type=float, default=0.1, help="label smoothing")
     p.add_argument("--interpolation", default="bicubic")
-    p.add_argument("--clip-grad", type=float, default=None, help="max gradient norm (WeightFormer recipe: 5.0)")
     p.add_argument(
         "--model-ema", action=argparse.BooleanOptionalAction, default=False, help="keep an EMA of the weights"
     )
     p.add_argument("--model-ema-decay", type=float, default=0.99996)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
-    p.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
-    _add_log_arg(p)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, num: int, num_help: str) -> None:
@@ -305,7 +369,7 @@ def _add_sampling_args(p: argparse.ArgumentParser, num: int, num_help: str) -> N
     p.add_argument("--steps", type=POSITIVE, default=50, help="DDIM steps")
     p.add_argument("--guidance", type=float, default=2.0, help="classifier-free guidance scale (1 = none)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    _add_device_arg(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a progress bar")
 
 
@@ -325,9 +389,17 @@ def _add_models_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--ops", action="store_true", help="also count the ATen operators one inference forward launches (no_grad)"
     )
-    p.add_argument("--img-size", type=POSITIVE, default=224, help="input side for --macs and --ops (default 224)")
+    _add_renamed(
+        p,
+        "--macs-at",
+        "--img-size",
+        type=POSITIVE,
+        default=224,
+        metavar="PX",
+        help="square input side of --macs, --ops",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=_runner("bench.command", "run_models"))
+    p.set_defaults(func=_models)
 
 
 def _add_bench_command(sub: argparse._SubParsersAction) -> None:
@@ -360,7 +432,7 @@ def _add_bench_command(sub: argparse._SubParsersAction) -> None:
         "whole Faster R-CNN (81 classes) of `linvit detect` at res x res*1333/800, inference; or a DiT (--models "
         "are mixers, --res the latent side; default DiT-S/2, 4 channels): infer = one guided sampling step",
     )
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    _add_device_arg(p, "cpu", "default cpu (the recorded CPU tables); auto: cuda when torch sees one")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="non-fp32 runs under autocast")
     p.add_argument(
         "--warmup",
@@ -373,16 +445,16 @@ def _add_bench_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mem-limit", type=float, default=None, help="GB per point; above it the point is 'oom'")
     p.add_argument("--ladder", action="store_true", help="per model, double the first --res until a point fails")
     p.add_argument("--reference", type=_csv(str), default=[], help="models to report speed-ups against (comma list)")
-    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="K=V", help="extra timm.create_model kwargs")
-    p.add_argument("--out", required=True, help="output folder")
-    p.set_defaults(func=_runner("bench.command", "run_bench"))
+    p.add_argument("--model-kwargs", nargs="*", default={}, metavar="K=V", help="extra timm.create_model kwargs")
+    _add_output_arg(p, "output folder")
+    p.set_defaults(func=_bench)
 
 
 def _add_data_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="build the embedded datasets (offline)")
     data_sub = p.add_subparsers(dest="dataset", required=True)
     d = data_sub.add_parser("cluttered-mnist", help="MNIST digits on a cluttered canvas, with boxes.json")
-    d.add_argument("--out", required=True)
+    _add_output_arg(d, "the dataset folder")
     d.add_argument("--canvas", type=int, default=64, help="canvas side in pixels (>= 28)")
     d.add_argument("--per-class-train", type=POSITIVE, default=300)
     d.add_argument("--per-class-val", type=POSITIVE, default=100)
@@ -393,15 +465,15 @@ def _add_data_command(sub: argparse._SubParsersAction) -> None:
         type=NON_NEGATIVE,
         default=0,
         metavar="K",
-        help="also write OUT/detection: K digits per canvas with COCO boxes and masks (0 = no detection set)",
+        help="also write OUTPUT/detection: K digits per canvas with COCO boxes and masks (0 = no detection set)",
     )
-    d.set_defaults(func=_runner("data.cluttered_mnist", "run_cluttered_mnist"))
+    d.set_defaults(func=_cluttered_mnist)
     d = data_sub.add_parser(
         "digits",
         help="the fixed val / test / shifted canvases of a drawn digit task (what --data digits:TASK draws), "
         "with boxes.json",
     )
-    d.add_argument("--out", required=True)
+    _add_output_arg(d, "the dataset folder")
     d.add_argument(
         "--task",
         choices=("digit", "max", "sum"),
@@ -411,7 +483,7 @@ def _add_data_command(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--canvas", type=POSITIVE, default=48, help="canvas side in pixels (max, sum: >= 64)")
     d.add_argument("--clutter", type=NON_NEGATIVE, default=2, help="clutter fragments (the shifted split: 2k + 2)")
     d.add_argument("--seed", type=int, default=0, help="the digit split and every canvas")
-    d.set_defaults(func=_runner("data.digit_tasks", "run_digit_folder"))
+    d.set_defaults(func=_digit_folder)
 
 
 def _add_train_command(sub: argparse._SubParsersAction) -> None:
@@ -419,7 +491,7 @@ def _add_train_command(sub: argparse._SubParsersAction) -> None:
     _add_train_args(p)
     p.add_argument("--pretrained-file", default=None, help="start from these weights (.pth/.safetensors; timm's path)")
     _add_convert_arg(p)
-    p.set_defaults(func=_runner("train", "run_train"))
+    p.set_defaults(func=_train)
 
 
 def _add_eval_command(sub: argparse._SubParsersAction) -> None:
@@ -439,9 +511,10 @@ def _add_eval_command(sub: argparse._SubParsersAction) -> None:
         help="evaluate the EMA weights of a checkpoint that holds them (default: yes), or --no-ema for the raw ones",
     )
     _add_convert_arg(p, CHECKPOINT_SOURCE)
+    _add_compile_arg(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the batches")
     p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
-    p.set_defaults(func=_runner("evaluate", "run_eval"))
+    p.set_defaults(func=_eval)
 
 
 def _add_explain_command(sub: argparse._SubParsersAction) -> None:
@@ -453,8 +526,8 @@ def _add_explain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=POSITIVE, default=10, help="perturbation steps")
     p.add_argument("--tolerance", type=float, default=15.0, help="pointing-game tolerance in pixels")
     p.add_argument("--batch-size", type=POSITIVE, default=16)
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=_runner("explain.run", "run_explain", _check_explain_args))
+    _add_output_arg(p, "output folder")
+    p.set_defaults(func=_explain)
 
 
 def _add_spectral_command(sub: argparse._SubParsersAction) -> None:
@@ -463,15 +536,15 @@ def _add_spectral_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--depth", type=POSITIVE, default=None, help="series truncation depth (default: number of InfSA layers)"
     )
-    p.add_argument("--out", required=True, help="JSON file")
-    p.set_defaults(func=_runner("explain.run", "run_spectral", _check_optional_img_size))
+    _add_output_arg(p, "JSON file")
+    p.set_defaults(func=_spectral)
 
 
 def _add_erf_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("erf", help="effective receptive field heat map (RepLKNet protocol)")
     _add_analysis_args(p, limit=16)
-    p.add_argument("--out", required=True, help="output folder")
-    p.set_defaults(func=_runner("explain.run", "run_erf", _check_optional_img_size))
+    _add_output_arg(p, "output folder")
+    p.set_defaults(func=_erf)
 
 
 def _add_generate_train_command(gen: argparse._SubParsersAction) -> None:
@@ -479,27 +552,40 @@ def _add_generate_train_command(gen: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--data", required=True, help="digits:TASK[,canvas=..] (drawn digits, grey) or a folder DATA/train/<class>"
     )
-    t.add_argument("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors (EMA)")
-    t.add_argument("--mixer", choices=GENERATE_MIXERS, default="softmax", help="the token mixer of every block")
+    t.add_argument(
+        "--mixer",
+        type=_mixer,
+        default="softmax",
+        metavar="{" + ",".join(MIXER_NAMES) + "}",
+        help="the token mixer of every block",
+    )
     t.add_argument("--size", choices=("tiny", "S", "B", "L", "XL"), default="tiny", help="DiT size (tiny: CPU)")
     t.add_argument("--patch-size", type=POSITIVE, default=4)
-    t.add_argument("--img-size", type=POSITIVE, default=None, help="image folders: resize and crop to this side")
+    _add_renamed(
+        t,
+        "--resize-crop",
+        "--img-size",
+        dest="img_size",
+        type=POSITIVE,
+        default=None,
+        metavar="PX",
+        help="image folders: resize and centre-crop to PX x PX (digits: their canvas)",
+    )
     t.add_argument(
         "--vae",
         default=None,
         metavar="DIR",
         help="latent diffusion: a diffusers AutoencoderKL folder on disk (save_pretrained); default pixel space",
     )
-    t.add_argument("--epochs", type=POSITIVE, default=30)
-    t.add_argument(
-        "--lr",
-        type=float,
-        default=None,
-        help="AdamW learning rate, per-iteration cosine schedule (default: 1e-3 for tiny, DiT's 1e-4 for S and up)",
+    _add_fit_args(
+        t,
+        epochs=30,
+        lr=None,
+        warmup_epochs=1,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        lr_help="AdamW learning rate, per-iteration cosine schedule (default: 1e-3 for tiny, DiT's 1e-4 for S and up)",
     )
-    t.add_argument("--weight-decay", type=float, default=0.0)
-    t.add_argument("--warmup-epochs", type=NON_NEGATIVE, default=1)
-    t.add_argument("--clip-grad", type=float, default=1.0)
     t.add_argument("--class-dropout", type=float, default=0.1, help="label dropout for classifier-free guidance")
     t.add_argument(
         "--prediction",
@@ -509,12 +595,8 @@ def _add_generate_train_command(gen: argparse._SubParsersAction) -> None:
     )
     t.add_argument("--ema-decay", type=float, default=0.999)
     t.add_argument("--val-images", type=POSITIVE, default=500, help="validation images for the per-epoch val_loss")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
-    t.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
-    _add_log_arg(t)
     _add_runtime_args(t, batch_size=64)
-    t.set_defaults(func=_runner("generate.engine", "run_generate_train"))
+    t.set_defaults(func=_generate_train)
 
 
 def _add_generate_command(sub: argparse._SubParsersAction) -> None:
@@ -524,15 +606,17 @@ def _add_generate_command(sub: argparse._SubParsersAction) -> None:
     s = gen.add_parser("sample", help="a grid of samples of chosen classes from a generate train run")
     _add_sampling_args(s, num=64, num_help="samples, the classes taken in turn")
     s.add_argument("--classes", default=None, help="class indices, e.g. 0,1,2 (default: every class)")
-    s.add_argument("--img-size", type=POSITIVE, default=None, help="sample at another side (default: the run's)")
-    s.add_argument("--out", required=True, help="grid PNG (the samples also go to the same name .npz)")
-    s.set_defaults(func=_runner("generate.sample", "run_generate_sample"))
+    _add_renamed(
+        s, "--side", "--img-size", type=POSITIVE, default=None, metavar="PX", help="sample side (default: the run's)"
+    )
+    _add_output_arg(s, "grid PNG (the samples also go to the same name .npz)")
+    s.set_defaults(func=_generate_sample)
     s = gen.add_parser("score", help="samples judged by a linvit classifier: class accuracy and Frechet distance")
     _add_sampling_args(s, num=500, num_help="samples (classes in turn) and real val images")
     s.add_argument("--classifier", required=True, help="a `linvit train` run folder trained on the same digits")
     s.add_argument("--batch-size", type=POSITIVE, default=100)
     s.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    s.set_defaults(func=_runner("generate.score", "run_generate_score"))
+    s.set_defaults(func=_generate_score)
 
 
 def _add_segment_command(sub: argparse._SubParsersAction) -> None:
@@ -543,8 +627,7 @@ def _add_segment_command(sub: argparse._SubParsersAction) -> None:
     _add_dense_train_args(t, splits=("train", "val"), epochs=50)
     t.add_argument("--crop-size", type=int, nargs="+", default=[512], metavar="PX", help="training crop: S or H W")
     t.add_argument("--scale", type=float, nargs=2, default=[0.5, 2.0], help="random resize range (x the crop side)")
-    _add_compile_arg(t)  # the training forward (fixed crops); evaluation sees images of many sizes and stays eager
-    t.set_defaults(func=_runner("segment.engine", "run_segment_train", _check_crop))
+    t.set_defaults(func=_segment_train)
     e = seg.add_parser("eval", help="mIoU, pixel accuracy and per-class IoU of a checkpoint")
     _add_segment_args(e, model_required=False)
     e.add_argument("--split", default="val")
@@ -554,15 +637,24 @@ def _add_segment_command(sub: argparse._SubParsersAction) -> None:
         help="a segment train run folder (the model comes from its args.yaml unless --model is given) or weights",
     )
     _add_convert_arg(e, CHECKPOINT_SOURCE)
-    e.add_argument("--flops-at", type=POSITIVE, default=None, metavar="PX", help="also count GMACs at PX x PX")
+    _add_renamed(
+        e,
+        "--macs-at",
+        "--flops-at",
+        dest="flops_at",
+        type=POSITIVE,
+        default=None,
+        metavar="PX",
+        help="also GMACs at PX",
+    )
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the batches")
     e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
-    e.set_defaults(func=_runner("segment.engine", "run_segment_eval"))
+    e.set_defaults(func=_segment_eval)
 
     e = seg.add_parser("predict", help="class maps and colour overlays of your own images")
     _add_dense_predict_args(e, "segs.jsonl: one JSON line per image (path, size, share of pixels per class)")
-    e.add_argument("--img-size", type=POSITIVE, default=None, help="resize the shorter side (default: the run's)")
-    e.set_defaults(func=_runner("dense_inference", "run_segment_predict"))
+    _add_resize_arg(e, "resize the shorter side to PX (default: the run's)")
+    e.set_defaults(func=_segment_predict)
 
 
 def _add_detect_command(sub: argparse._SubParsersAction) -> None:
@@ -572,7 +664,7 @@ def _add_detect_command(sub: argparse._SubParsersAction) -> None:
     _add_detect_args(t)
     _add_dense_train_args(t, splits=("train2017", "val2017"), epochs=12)
     t.add_argument("--grad-checkpointing", action="store_true", help="recompute backbone blocks in backward")
-    t.set_defaults(func=_runner("detect.engine", "run_detect_train"))
+    t.set_defaults(func=_detect_train)
     e = det.add_parser("eval", help="detections.json and the 12 COCO numbers (pycocotools COCOeval)")
     _add_detect_args(e, model_required=False)
     e.add_argument("--split", default="val2017")
@@ -583,13 +675,13 @@ def _add_detect_command(sub: argparse._SubParsersAction) -> None:
     )
     _add_convert_arg(e, CHECKPOINT_SOURCE)
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the batches")
-    e.add_argument("--out", required=True, help="folder for detections.json and metrics.json")
-    e.set_defaults(func=_runner("detect.engine", "run_detect_eval"))
+    _add_output_arg(e, "folder for detections.json and metrics.json")
+    e.set_defaults(func=_detect_eval)
 
     e = det.add_parser("predict", help="boxes, labels and scores (masks for Mask R-CNN) on your own images")
     _add_dense_predict_args(e, "dets.jsonl: one JSON line per image (path, size, boxes, labels, scores)")
     e.add_argument("--score-thresh", type=float, default=0.5, help="keep detections scoring at least this")
-    e.set_defaults(func=_runner("dense_inference", "run_detect_predict"))
+    e.set_defaults(func=_detect_predict)
 
 
 def _add_predict_command(sub: argparse._SubParsersAction) -> None:
@@ -604,10 +696,8 @@ def _add_predict_command(sub: argparse._SubParsersAction) -> None:
     size.add_argument("--native", action="store_true", help="each image at its own size, rounded to the patch grid")
     p.add_argument("--max-pixels", type=POSITIVE, default=None, help="refuse larger images (default 2^28)")
     p.add_argument("--topk", type=POSITIVE, default=5)
-    p.add_argument(
-        "--out",
-        default=None,
-        help="preds.jsonl: one JSON line per image (path, size, top-k, seconds: its read, batch share, map)",
+    _add_output_arg(
+        p, "preds.jsonl: one JSON line per image (path, size, top-k, seconds: its read, batch share, map)", False
     )
     p.add_argument("--batch-size", type=POSITIVE, default=8, help="images read together; equal sizes run as a batch")
     p.add_argument(
@@ -620,7 +710,7 @@ def _add_predict_command(sub: argparse._SubParsersAction) -> None:
     _add_device_args(p)
     _add_compile_arg(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a bar over the images")
-    p.set_defaults(func=_runner("inference", "run_predict", _check_optional_img_size))
+    p.set_defaults(func=_predict)
 
 
 def _add_demo_command(sub: argparse._SubParsersAction) -> None:
@@ -630,7 +720,7 @@ def _add_demo_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topk", type=POSITIVE, default=5)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     p.add_argument("--port", type=POSITIVE, default=7860)
-    p.set_defaults(func=_runner("demo", "run_demo"))
+    p.set_defaults(func=_demo)
 
 
 def _add_export_command(sub: argparse._SubParsersAction) -> None:
@@ -640,7 +730,7 @@ def _add_export_command(sub: argparse._SubParsersAction) -> None:
         "--format",
         choices=["onnx", "pt2", "torchscript"],
         default=None,
-        help="default: from --out's suffix (.onnx, .pt2, .pt / .ts = TorchScript)",
+        help="default: from --output's suffix (.onnx, .pt2, .pt / .ts = TorchScript)",
     )
     p.add_argument(
         "--img-size",
@@ -660,8 +750,8 @@ def _add_export_command(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="any H and W on the model's grid for onnx and pt2 (TorchScript always); checked across the range",
     )
-    p.add_argument("--out", required=True, help="output file")
-    p.set_defaults(func=_runner("export", "run_export", _check_optional_img_size))
+    _add_output_arg(p, "output file")
+    p.set_defaults(func=_export)
 
 
 def _add_reproduce_command(sub: argparse._SubParsersAction) -> None:
@@ -678,11 +768,148 @@ def _add_reproduce_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--report-only",
         action="store_true",
-        help="run nothing: write the report from the stages already finished in --out (a run stopped part-way)",
+        help="run nothing: write the report from the stages already finished in --output (a run stopped part-way)",
     )
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where training and benchmarks run")
-    p.add_argument("--out", required=True, help="output folder; re-running with it reuses finished stages")
+    _add_device_arg(
+        p, "cpu", "where training and benchmarks run: default cpu (the recorded reports); auto: cuda if seen"
+    )
+    _add_output_arg(p, "output folder; re-running with it reuses finished stages")
     p.set_defaults(func=_reproduce)
+
+
+# The commands: each imports its handler when it runs, builds its config and calls it.
+
+
+def _models(args: argparse.Namespace) -> None:
+    from linvit.bench.command import ModelsConfig, run_models
+
+    run_models(_config(ModelsConfig, args))
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from linvit.bench.command import BenchConfig, run_bench
+
+    run_bench(_config(BenchConfig, args))
+
+
+def _cluttered_mnist(args: argparse.Namespace) -> None:
+    from linvit.data.cluttered_mnist import ClutteredMnistConfig, run_cluttered_mnist
+
+    run_cluttered_mnist(_config(ClutteredMnistConfig, args))
+
+
+def _digit_folder(args: argparse.Namespace) -> None:
+    from linvit.data.digit_tasks import DigitFolderConfig, run_digit_folder
+
+    run_digit_folder(_config(DigitFolderConfig, args))
+
+
+def _train(args: argparse.Namespace) -> None:
+    from linvit.train import ClassifyConfig, run_train
+
+    run_train(_config(ClassifyConfig, args))
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from linvit.evaluate import EvalConfig, run_eval
+
+    run_eval(_config(EvalConfig, args))
+
+
+def _explain(args: argparse.Namespace) -> None:
+    from linvit.explain.run import ExplainConfig, run_explain
+
+    run_explain(_config(ExplainConfig, args, _layer_arg, _check_optional_img_size))
+
+
+def _spectral(args: argparse.Namespace) -> None:
+    from linvit.explain.run import SpectralConfig, run_spectral
+
+    run_spectral(_config(SpectralConfig, args, _check_optional_img_size))
+
+
+def _erf(args: argparse.Namespace) -> None:
+    from linvit.explain.run import ErfConfig, run_erf
+
+    run_erf(_config(ErfConfig, args, _check_optional_img_size))
+
+
+def _generate_train(args: argparse.Namespace) -> None:
+    from linvit.generate.engine import GenerateConfig, run_generate_train
+
+    run_generate_train(_config(GenerateConfig, args))
+
+
+def _generate_sample(args: argparse.Namespace) -> None:
+    from linvit.generate.sample import SampleConfig, run_generate_sample
+
+    run_generate_sample(_config(SampleConfig, args))
+
+
+def _generate_score(args: argparse.Namespace) -> None:
+    from linvit.generate.score import ScoreConfig, run_generate_score
+
+    run_generate_score(_config(ScoreConfig, args))
+
+
+def _segment_train(args: argparse.Namespace) -> None:
+    from linvit.segment.engine import SegmentConfig, run_segment_train
+
+    run_segment_train(_config(SegmentConfig, args, _check_crop))
+
+
+def _segment_eval(args: argparse.Namespace) -> None:
+    from linvit.segment.engine import SegmentEvalConfig, run_segment_eval
+
+    run_segment_eval(_config(SegmentEvalConfig, args))
+
+
+def _segment_predict(args: argparse.Namespace) -> None:
+    from linvit.dense_inference import SegmentPredictConfig, run_segment_predict
+
+    run_segment_predict(_config(SegmentPredictConfig, args))
+
+
+def _detect_train(args: argparse.Namespace) -> None:
+    from linvit.detect.engine import DetectConfig, run_detect_train
+
+    run_detect_train(_config(DetectConfig, args))
+
+
+def _detect_eval(args: argparse.Namespace) -> None:
+    from linvit.detect.engine import DetectEvalConfig, run_detect_eval
+
+    run_detect_eval(_config(DetectEvalConfig, args))
+
+
+def _detect_predict(args: argparse.Namespace) -> None:
+    from linvit.dense_inference import DetectPredictConfig, run_detect_predict
+
+    run_detect_predict(_config(DetectPredictConfig, args))
+
+
+def _predict(args: argparse.Namespace) -> None:
+    from linvit.inference import PredictConfig, run_predict
+
+    run_predict(_config(PredictConfig, args, _check_optional_img_size))
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from linvit.demo import DemoConfig, run_demo
+
+    run_demo(_config(DemoConfig, args))
+
+
+def _export(args: argparse.Namespace) -> None:
+    from linvit.export import ExportConfig, run_export
+
+    run_export(_config(ExportConfig, args, _check_optional_img_size))
+
+
+def _reproduce(args: argparse.Namespace) -> None:
+    from linvit.reproduce import ReproduceConfig, run_reproduce
+
+    run_reproduce(_config(ReproduceConfig, args), execute=run_command)
 
 
 # every top-level command, in the order `linvit --help` lists them
@@ -752,15 +979,33 @@ def _apply_config(p: argparse.ArgumentParser, path: str) -> None:
         p.error(f"--config {path}: cannot read it as YAML text ({type(err).__name__}: {err})")
     if not isinstance(values, dict):
         p.error(f"--config {path}: expected a mapping of flag names to values")
-    actions = {a.dest: a for a in p._actions if a.dest not in ("help", "config")}
+    actions = _config_keys(p)
     defaults = {}
     for key, value in values.items():
-        dest = str(key).replace("-", "_")
-        if dest not in actions:
+        action = actions.get(str(key).replace("-", "_"))
+        if action is None:
             p.error(f"--config {path}: {key!r} is not an option of this command")
-        defaults[dest] = _config_value(p, actions[dest], value, path)
-        actions[dest].required = False
+        if isinstance(action, _OldSpelling):
+            _deprecated(f"--config key {key!r}", f"{action.new.lstrip('-')!r}")
+        defaults[action.dest] = _config_value(p, action, value, path)
+        action.required = False
+    for group in p._mutually_exclusive_groups:  # a renamed flag's pair: the file gives it
+        if any(a.dest in defaults for a in group._group_actions):
+            group.required = False
     p.set_defaults(**defaults)
+
+
+def _config_keys(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """A --config file's keys: each flag's dest (what a run's args.yaml holds) and each of its spellings
+    (output, resize; out, img_size for the old ones), underscores for dashes."""
+    keys = {}
+    for action in p._actions:
+        if action.dest in ("help", "config"):
+            continue
+        spellings = [o.lstrip("-").replace("-", "_") for o in action.option_strings if o.startswith("--")]
+        for key in (action.dest, *spellings):
+            keys.setdefault(key, action)
+    return keys
 
 
 def _config_value(p: argparse.ArgumentParser, action: argparse.Action, value, path: str):
@@ -790,13 +1035,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error("--config goes after the command, e.g. `linvit train --config run.yaml`")
         _apply_config(leaf, config)
     return parser.parse_args(argv)
-
-
-def _reproduce(args: argparse.Namespace) -> None:
-    from linvit.reproduce import run_reproduce
-
-    _set_threads(args)
-    run_reproduce(args, execute=run_command)
 
 
 def run_command(argv: list[str]) -> None:

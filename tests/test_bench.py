@@ -111,7 +111,7 @@ def test_cli_bench_ladder_stops_at_the_memory_limit(tmp_path, capsys):
             "1",
             "--mem-limit",
             "0.05",
-            "--out",
+            "--output",
             str(tmp_path),
         ]
     )
@@ -122,10 +122,10 @@ def test_cli_bench_ladder_stops_at_the_memory_limit(tmp_path, capsys):
 
 
 def test_cli_rejects_bad_input(tmp_path, capsys):
-    assert cli_main(["bench", "--models", "vit_4l_patch16_224:bogus", "--out", str(tmp_path)]) == 2
+    assert cli_main(["bench", "--models", "vit_4l_patch16_224:bogus", "--output", str(tmp_path)]) == 2
     assert "unknown variant" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli_main(["bench", "--models", "x", "--res", "a,b", "--out", str(tmp_path)])
+        cli_main(["bench", "--models", "x", "--res", "a,b", "--output", str(tmp_path)])
 
 
 def test_flop_count_includes_fused_attention_on_cpu():
@@ -180,7 +180,7 @@ def test_batch_and_compile_are_sweep_dimensions(tmp_path):
 def test_gpu_suite_dry_run_on_cpu(tmp_path):
     from linvit.bench import SUITES, suite_names
 
-    code = cli_main(["bench", "--suite", "gpu", "--dry-run", "--compile", "off", "--out", str(tmp_path)])
+    code = cli_main(["bench", "--suite", "gpu", "--dry-run", "--compile", "off", "--output", str(tmp_path)])
     assert code == 0
     for name in suite_names("gpu"):
         points = json.loads((tmp_path / name / "bench.json").read_text())["points"]

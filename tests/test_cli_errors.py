@@ -67,8 +67,8 @@ def test_resume_from_a_damaged_checkpoint_names_it(data, tmp_path, capsys):
 def test_output_paths_that_are_files(tmp_path, capsys):
     blocker = tmp_path / "taken.txt"
     blocker.write_text("x")
-    _fails_cleanly(["data", "cluttered-mnist", "--out", str(blocker)], capsys, "is a file, not a folder")
-    _fails_cleanly(["reproduce", "--quick", "--out", str(blocker / "sub")], capsys, "is a file, not a folder")
+    _fails_cleanly(["data", "cluttered-mnist", "--output", str(blocker)], capsys, "is a file, not a folder")
+    _fails_cleanly(["reproduce", "--quick", "--output", str(blocker / "sub")], capsys, "is a file, not a folder")
 
 
 def test_malformed_boxes_name_the_file_and_the_entry(data, tmp_path, capsys):
@@ -86,7 +86,7 @@ def test_malformed_boxes_name_the_file_and_the_entry(data, tmp_path, capsys):
         "32",
         "--boxes",
         str(bad),
-        "--out",
+        "--output",
         str(tmp_path / "ex"),
         "--limit",
         "2",
@@ -102,10 +102,12 @@ def test_newer_commands_reject_bad_inputs_in_one_line(tmp_path, capsys):
     binary.write_bytes(bytes(range(128, 256)))
     _fails_cleanly(["train", "--config", str(binary)], capsys, "--config", "cannot read it as YAML text")
     export = ["export", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
-    _fails_cleanly([*export, "--img-size", "50", "--out", str(tmp_path / "m.onnx")], capsys, "not divisible")
-    _fails_cleanly([*export, "--img-size", "32", "--out", str(tmp_path)], capsys, "is a folder")
-    _fails_cleanly([*export, "--img-size", "32", "--out", str(tmp_path / "m.onnx"), "--format", "pt2"], capsys, "onnx")
-    _fails_cleanly([*export, "--img-size", "32", "--out", str(tmp_path / "m.bin")], capsys, "suffix")
+    _fails_cleanly([*export, "--img-size", "50", "--output", str(tmp_path / "m.onnx")], capsys, "not divisible")
+    _fails_cleanly([*export, "--img-size", "32", "--output", str(tmp_path)], capsys, "is a folder")
+    _fails_cleanly(
+        [*export, "--img-size", "32", "--output", str(tmp_path / "m.onnx"), "--format", "pt2"], capsys, "onnx"
+    )
+    _fails_cleanly([*export, "--img-size", "32", "--output", str(tmp_path / "m.bin")], capsys, "suffix")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
 
 
@@ -118,7 +120,7 @@ def test_a_coco_file_naming_missing_images(tmp_path, capsys):
     coco["categories"] = [{"id": 1, "name": "digit"}]
     (tmp_path / "annotations" / "instances_val.json").write_text(json.dumps(coco))
     argv = ["detect", "eval", "--data", str(tmp_path), "--split", "val", "--model", "linear_infvit_tiny_patch16_224"]
-    _fails_cleanly([*argv, "--out", str(tmp_path / "out")], capsys, "1 image(s) not found", "gone.png")
+    _fails_cleanly([*argv, "--output", str(tmp_path / "out")], capsys, "1 image(s) not found", "gone.png")
 
 
 def test_only_usage_errors_are_one_line(data, tmp_path, monkeypatch, capsys):
@@ -157,14 +159,14 @@ def test_errors_name_the_real_problem(data, tmp_path, capsys):
     missing = str(tmp_path / "nope")
     _fails_cleanly(["predict", photos, "--checkpoint", missing], capsys, missing, "no such file or folder")
     _fails_cleanly(["demo", "--checkpoint", missing], capsys, "no such file or folder")
-    explain = ["explain", "--data", str(data), "--out", str(tmp_path / "ex")]
+    explain = ["explain", "--data", str(data), "--output", str(tmp_path / "ex")]
     _fails_cleanly([*explain, "--checkpoint", missing], capsys, missing, "no such file or folder")
     empty = tmp_path / "empty"
     empty.mkdir()  # the checkpoint's problem is named first, whatever the pictures' is
-    explain_empty = ["explain", "--data", str(empty), "--out", str(tmp_path / "ex2"), "--checkpoint", missing]
+    explain_empty = ["explain", "--data", str(empty), "--output", str(tmp_path / "ex2"), "--checkpoint", missing]
     _fails_cleanly(explain_empty, capsys, missing, "no such file or folder")
     _fails_cleanly(["eval", "--data", str(data), "--checkpoint", missing], capsys, "no such file or folder")
-    _fails_cleanly(["export", "--model", missing, "--out", str(tmp_path / "m.pt2")], capsys, missing, "no such file")
+    _fails_cleanly(["export", "--model", missing, "--output", str(tmp_path / "m.pt2")], capsys, missing, "no such file")
     text = tmp_path / "notes.pth"
     text.write_text("these are my notes\nnot weights\n")
     model = ["--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
@@ -177,7 +179,7 @@ def test_errors_name_the_real_problem(data, tmp_path, capsys):
 
 def test_bench_of_an_unknown_model_fails_before_running(tmp_path, capsys):
     out = tmp_path / "bench"
-    _fails_cleanly(["bench", "--models", "not_a_model", "--res", "32", "--out", str(out)], capsys, "not_a_model")
+    _fails_cleanly(["bench", "--models", "not_a_model", "--res", "32", "--output", str(out)], capsys, "not_a_model")
     assert not out.exists()
 
 

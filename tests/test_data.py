@@ -67,7 +67,7 @@ def test_cli_data_command(tmp_path, capsys):
             [
                 "data",
                 "cluttered-mnist",
-                "--out",
+                "--output",
                 str(tmp_path),
                 "--canvas",
                 "32",
@@ -80,7 +80,7 @@ def test_cli_data_command(tmp_path, capsys):
         == 0
     )
     assert "10 train and 10 val" in capsys.readouterr().out
-    assert cli_main(["data", "cluttered-mnist", "--out", str(tmp_path), "--canvas", "8"]) == 2
+    assert cli_main(["data", "cluttered-mnist", "--output", str(tmp_path), "--canvas", "8"]) == 2
     assert "canvas" in capsys.readouterr().err
 
 

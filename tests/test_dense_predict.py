@@ -49,14 +49,14 @@ def segment_run(tmp_path_factory):
     build_cluttered_mnist(root, canvas=32, per_class_train=2, per_class_val=1, clutter=2, progress=False)
     run = root / "run"
     argv = ["segment", "train", "--data", str(root), "--output", str(run), "--batch-size", "4", "--lr", "1e-3"]
-    argv += ["--crop-size", "32", "--scale", "1", "1", "--hflip", "0", "--img-size", "32"]
+    argv += ["--crop-size", "32", "--scale", "1", "1", "--hflip", "0", "--resize", "32"]
     assert cli_main([*argv, *BACKBONE, *COMMON]) == 0
     return run
 
 
 def test_detect_predict_boxes_are_the_models_in_picture_pixels(mask_rcnn_run, pictures, tmp_path):
     out, drawn = tmp_path / "dets.jsonl", tmp_path / "drawn"
-    argv = ["detect", "predict", str(pictures), "--checkpoint", str(mask_rcnn_run), "--out", str(out)]
+    argv = ["detect", "predict", str(pictures), "--checkpoint", str(mask_rcnn_run), "--output", str(out)]
     assert cli_main([*argv, "--draw", str(drawn), "--score-thresh", "0", "--no-progress"]) == 0
     rows = {Path(r["path"]).name: r for r in map(json.loads, out.read_text().splitlines())}
     assert rows.keys() == {"flower.png", "dark.png"} and rows["flower.png"]["size"] == [427, 640]
@@ -83,7 +83,7 @@ def test_detect_predict_boxes_are_the_models_in_picture_pixels(mask_rcnn_run, pi
 
 def test_segment_predict_class_maps_line_up_with_the_picture(segment_run, pictures, tmp_path):
     out, drawn = tmp_path / "segs.jsonl", tmp_path / "drawn"
-    argv = ["segment", "predict", str(pictures), "--checkpoint", str(segment_run), "--out", str(out)]
+    argv = ["segment", "predict", str(pictures), "--checkpoint", str(segment_run), "--output", str(out)]
     assert cli_main([*argv, "--draw", str(drawn), "--no-progress"]) == 0
     rows = {Path(r["path"]).name: r for r in map(json.loads, out.read_text().splitlines())}
     classes = np.asarray(Image.open(drawn / "flower_classes.png"))

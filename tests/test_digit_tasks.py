@@ -96,7 +96,7 @@ def test_the_fixed_splits_write_as_a_folder_of_the_same_canvases(tmp_path):
     from linvit.cli import main as cli_main
     from linvit.data import load_boxes
 
-    argv = ["data", "digits", "--out", str(tmp_path), "--task", "max", "--canvas", "64", "--clutter", "1"]
+    argv = ["data", "digits", "--output", str(tmp_path), "--task", "max", "--canvas", "64", "--clutter", "1"]
     assert cli_main(argv) == 0
     boxes = load_boxes(tmp_path / "boxes.json")
     assert len(boxes) == 1500 and all(len(b) == 2 for b in boxes.values())

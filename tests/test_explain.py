@@ -173,7 +173,7 @@ def test_cli_explain_spectral_erf(tmp_path, capsys):
         "patch_size=8",
     ]
     out = tmp_path / "explain"
-    assert cli_main(["explain", "--model", "linear_infvit_tiny_patch16_224", *common, "--out", str(out)]) == 0
+    assert cli_main(["explain", "--model", "linear_infvit_tiny_patch16_224", *common, "--output", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["images"] == 6 and metrics["images_with_boxes"] == 6 and metrics["method"] == "linear"
     assert 0 <= metrics["box_roc_auc"] <= 1 and len(metrics["morf_curve"]) == 11
@@ -192,17 +192,30 @@ def test_cli_explain_spectral_erf(tmp_path, capsys):
     out2 = tmp_path / "explain_voc"
     assert (
         cli_main(
-            ["explain", "--model", "linear_infvit_tiny_patch16_224", *common, "--boxes", str(voc), "--out", str(out2)]
+            [
+                "explain",
+                "--model",
+                "linear_infvit_tiny_patch16_224",
+                *common,
+                "--boxes",
+                str(voc),
+                "--output",
+                str(out2),
+            ]
         )
         == 0
     )
     assert json.loads((out2 / "metrics.json").read_text())["box_roc_auc"] == pytest.approx(metrics["box_roc_auc"])
     assert (
-        cli_main(["spectral", "--model", "linear_infvit_tiny_patch16_224", *common, "--out", str(tmp_path / "s.json")])
+        cli_main(
+            ["spectral", "--model", "linear_infvit_tiny_patch16_224", *common, "--output", str(tmp_path / "s.json")]
+        )
         == 0
     )
     assert "cosine" in capsys.readouterr().out
-    assert cli_main(["erf", "--model", "weightformer_tiny_patch16_224", *common, "--out", str(tmp_path / "erf")]) == 0
+    assert (
+        cli_main(["erf", "--model", "weightformer_tiny_patch16_224", *common, "--output", str(tmp_path / "erf")]) == 0
+    )
     assert (tmp_path / "erf" / "erf.png").is_file()
     assert (
         cli_main(
@@ -213,7 +226,7 @@ def test_cli_explain_spectral_erf(tmp_path, capsys):
                 *common,
                 "--method",
                 "linear",
-                "--out",
+                "--output",
                 str(tmp_path / "x"),
             ]
         )
@@ -378,7 +391,9 @@ def test_explain_takes_a_run_folder_and_matches_classes_by_name(digits_and_run, 
     for image in sorted((data / "val" / "7").iterdir()):
         (one_class / image.name).write_bytes(image.read_bytes())
     out = tmp_path / "out"
-    assert cli_main(["explain", "--checkpoint", str(run), "--data", str(tmp_path / "sevens"), "--out", str(out)]) == 0
+    assert (
+        cli_main(["explain", "--checkpoint", str(run), "--data", str(tmp_path / "sevens"), "--output", str(out)]) == 0
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["labelled"] and metrics["model"] == "linear_infvit_tiny_patch16_224"  # from the run
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
@@ -393,7 +408,7 @@ def test_explain_on_unlabelled_pictures_gives_maps_only(tmp_path, capsys):
     photos = Path(sklearn.datasets.__file__).parent / "images"
     out = tmp_path / "out"
     argv = ["explain", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
-    assert cli_main([*argv, "--data", str(photos), "--img-size", "64", "96", "--out", str(out)]) == 0
+    assert cli_main([*argv, "--data", str(photos), "--img-size", "64", "96", "--output", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert not metrics["labelled"] and metrics["unlabelled_because"] == "the pictures are not in class folders"
     assert "accuracy" not in metrics and "morf_aoc" not in metrics and metrics["box_roc_auc"] is None
@@ -409,7 +424,7 @@ def test_a_one_output_model_scores_nothing(tmp_path):
     Image.new("RGB", (40, 30), (90, 20, 200)).save(folder / "a.png")
     out = tmp_path / "out"
     argv = ["explain", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1", "num_classes=1"]
-    assert cli_main([*argv, "--data", str(tmp_path / "data"), "--img-size", "32", "--out", str(out)]) == 0
+    assert cli_main([*argv, "--data", str(tmp_path / "data"), "--img-size", "32", "--output", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert "accuracy" not in metrics and "one output" in metrics["unlabelled_because"]
 
@@ -435,10 +450,10 @@ def test_every_command_runs_a_run_folder_at_another_size(command, digits_and_run
     if name == "predict":
         model = ["--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "patch_size=8", "depth=1"]
         weights = str(run / "model.safetensors") if rest else str(run)
-        argv = [name, str(data / "val" / "3"), "--checkpoint", weights, *(model if rest else []), "--out", str(out)]
+        argv = [name, str(data / "val" / "3"), "--checkpoint", weights, *(model if rest else []), "--output", str(out)]
     else:
         argv = [name, "--checkpoint", str(run), "--data", str(data), "--split", "val"]
-        argv += ["--json" if name == "eval" else "--out", str(out)]
+        argv += ["--json" if name == "eval" else "--output", str(out)]
     assert cli_main([*argv, *extra]) == 0
     assert out.exists()
     if name == "predict":
@@ -449,12 +464,10 @@ def test_every_command_runs_a_run_folder_at_another_size(command, digits_and_run
 
 def test_a_run_loaded_for_another_size_is_the_run_resampled(digits_and_run):
     """The model explain builds for --img-size 48 64 is the run itself: the same outputs as linvit.load_run."""
-    from argparse import Namespace
-
-    from linvit.explain.inputs import build_model
+    from linvit.explain.inputs import AnalysisConfig, build_model
 
     _, run = digits_and_run
-    args = Namespace(checkpoint=str(run), model=None, model_kwargs={}, img_size=[48, 64], crop_pct=None, seed=0)
+    args = AnalysisConfig(checkpoint=str(run), model=None, model_kwargs={}, img_size=[48, 64], crop_pct=None, seed=0)
     model, names = build_model(args, None)
     x = torch.randn(2, 3, 48, 64)
     with torch.no_grad():
@@ -491,7 +504,7 @@ def test_boxes_that_match_no_picture_are_a_warning_with_a_count(tmp_path, capsys
     boxes.write_text(json.dumps({"elsewhere/a.png": [[0, 0, 8, 8]], "c.png": [[1, 1, 9, 9]]}))
     out = tmp_path / "out"
     argv = ["explain", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1", "--img-size", "32"]
-    assert cli_main([*argv, "--data", str(folder), "--boxes", str(boxes), "--out", str(out)]) == 0
+    assert cli_main([*argv, "--data", str(folder), "--boxes", str(boxes), "--output", str(out)]) == 0
     assert json.loads((out / "metrics.json").read_text())["box_roc_auc"] is None
     err = capsys.readouterr().err
     assert "0 of 2 pictures have boxes" in err and str(boxes) in err and "2 entries" in err

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from argparse import Namespace
 
 import numpy as np
 import pytest
@@ -101,7 +100,7 @@ def test_export_command_writes_a_checked_program_from_a_run_folder(tmp_path, cap
     assert (
         cli_main(
             ["export", "--model", str(tmp_path / "run"), "--format", "pt2", "--img-size", "32"]
-            + ["--out", str(out), "--dynamic-batch"]
+            + ["--output", str(out), "--dynamic-batch"]
         )
         == 0
     )
@@ -113,7 +112,7 @@ def test_export_command_writes_a_checked_program_from_a_run_folder(tmp_path, cap
     assert (
         cli_main(
             ["export", "--model", str(tmp_path / "run"), "--format", "torchscript", "--img-size", "32"]
-            + ["--out", str(script)]
+            + ["--output", str(script)]
         )
         == 0
     )
@@ -124,9 +123,9 @@ def test_export_command_writes_a_checked_program_from_a_run_folder(tmp_path, cap
     seg = tmp_path / "seg"
     seg.mkdir()
     (seg / "config.json").write_text(json.dumps({"linvit": {"task": "segmentation"}}))
-    assert cli_main(["export", "--model", str(seg), "--out", str(tmp_path / "x.onnx")]) == 2
+    assert cli_main(["export", "--model", str(seg), "--output", str(tmp_path / "x.onnx")]) == 2
     assert "classification runs" in capsys.readouterr().err
-    assert cli_main(["export", "--model", "deit_tiny_patch16_224", "--img-size", "1", "2", "3", "--out", "x"]) == 2
+    assert cli_main(["export", "--model", "deit_tiny_patch16_224", "--img-size", "1", "2", "3", "--output", "x"]) == 2
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -205,13 +204,13 @@ def test_torchscript_pure_infsa_layer_keeps_masks(impl):
     ],
 )
 def test_dynamic_size_export_runs_at_sizes_it_was_not_exported_at(name, fmt, step, kwargs, tmp_path):
-    from linvit.export import run_export
+    from linvit.export import ExportConfig, run_export
 
     if fmt == "onnx":
         pytest.importorskip("onnxruntime")
         pytest.importorskip("onnxscript")
     out = tmp_path / f"m.{fmt}"
-    args = Namespace(model=name, model_kwargs={"depth": 2, **kwargs}, img_size=[64], out=str(out), format=None)
+    args = ExportConfig(model=name, model_kwargs={"depth": 2, **kwargs}, img_size=[64], output=str(out), format=None)
     args.dynamic_batch, args.dynamic_size = False, True
     torch.manual_seed(0)
     summary = run_export(args)
@@ -235,11 +234,11 @@ def test_dynamic_size_export_runs_at_sizes_it_was_not_exported_at(name, fmt, ste
 
 
 def test_dynamic_size_export_refuses_what_cannot_work(tmp_path):
-    from linvit.export import run_export
+    from linvit.export import ExportConfig, run_export
 
     def export(name, fmt, size=64, **kwargs):
-        args = Namespace(model=name, model_kwargs={"depth": 2, **kwargs}, img_size=[size], format=None)
-        args.out, args.dynamic_batch, args.dynamic_size = str(tmp_path / f"m.{fmt}"), False, True
+        args = ExportConfig(model=name, model_kwargs={"depth": 2, **kwargs}, img_size=[size], format=None)
+        args.output, args.dynamic_batch, args.dynamic_size = str(tmp_path / f"m.{fmt}"), False, True
         return run_export(args)
 
     with pytest.raises(ValueError, match="pt2 only"):
@@ -256,12 +255,12 @@ def test_dynamic_size_export_refuses_what_cannot_work(tmp_path):
 def test_onnx_without_the_export_extra_is_one_line(tmp_path, monkeypatch):
     import importlib.util
 
-    from linvit.export import run_export
+    from linvit.export import ExportConfig, run_export
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
-    args = Namespace(model="linear_infvit_tiny_patch16_224", model_kwargs={"depth": 1}, img_size=[32], format=None)
-    args.out, args.dynamic_batch, args.dynamic_size = str(tmp_path / "m.onnx"), False, False
+    args = ExportConfig(model="linear_infvit_tiny_patch16_224", model_kwargs={"depth": 1}, img_size=[32], format=None)
+    args.output, args.dynamic_batch, args.dynamic_size = str(tmp_path / "m.onnx"), False, False
     with pytest.raises(ValueError, match=r'needs (onnx, )?onnxscript: pip install -e "\.\[export\]"'):
         run_export(args)
     assert not list(tmp_path.iterdir())
@@ -270,10 +269,12 @@ def test_onnx_without_the_export_extra_is_one_line(tmp_path, monkeypatch):
 def test_weightformer_dynamic_size_pt2_runs_on_both_sides_of_the_association_switch(tmp_path):
     """WeightFormer-T's correlation changes association order at M = 48 pooled tokens: 224 px (M = 49) and 192 px
     (M = 36) take different orders, and the exported graph must take each size's (not guard on the export's)."""
-    from linvit.export import run_export
+    from linvit.export import ExportConfig, run_export
 
     out = tmp_path / "m.pt2"
-    args = Namespace(model="weightformer_tiny_patch16_224", model_kwargs={"depth": 2}, img_size=[224], out=str(out))
+    args = ExportConfig(
+        model="weightformer_tiny_patch16_224", model_kwargs={"depth": 2}, img_size=[224], output=str(out)
+    )
     args.format, args.dynamic_batch, args.dynamic_size = None, False, True
     torch.manual_seed(0)
     summary = run_export(args)
@@ -312,7 +313,7 @@ def test_dynamic_onnx_of_a_run_folder_equals_the_run_at_its_own_size_and_others(
     pytest.importorskip("onnxscript")
     run = _run_folder(tmp_path)
     out = tmp_path / "m.onnx"
-    assert cli_main(["export", "--model", str(run), "--dynamic-size", "--out", str(out)]) == 0
+    assert cli_main(["export", "--model", str(run), "--dynamic-size", "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "checked at 32 x 32," in printed  # the default --img-size of a run folder is the run's own
     trained = linvit.load_run(run)
@@ -325,7 +326,7 @@ def test_dynamic_onnx_of_a_run_folder_equals_the_run_at_its_own_size_and_others(
 def test_export_of_a_run_folder_at_another_size_checks_against_the_run(tmp_path, capsys):
     run = _run_folder(tmp_path)
     out = tmp_path / "m.pt2"
-    args = ["export", "--model", str(run), "--img-size", "64", "--dynamic-size", "--out", str(out)]
+    args = ["export", "--model", str(run), "--img-size", "64", "--dynamic-size", "--output", str(out)]
     assert cli_main(args) == 0
     assert "32 x 32" in capsys.readouterr().out.splitlines()[1]  # the run's own size is among those checked
     trained, program = linvit.load_run(run), torch.export.load(str(out)).module()
@@ -341,7 +342,7 @@ def test_dynamic_size_file_refuses_the_sizes_the_command_refuses(fmt, tmp_path, 
         pytest.importorskip("onnxscript")
     out = tmp_path / f"m.{fmt}"
     args = ["export", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
-    assert cli_main([*args, "--img-size", "64", "--dynamic-size", "--out", str(out)]) == 0
+    assert cli_main([*args, "--img-size", "64", "--dynamic-size", "--output", str(out)]) == 0
     run = (lambda x: _onnx_outputs(out, x)) if fmt == "onnx" else torch.export.load(str(out)).module()
     assert run(torch.randn(1, 3, 48, 80)).shape == (1, 1000)
     for size in [(100, 100), (16, 16), (16, 64), (64, 72)]:  # off the patch, under two patches

@@ -254,7 +254,7 @@ def test_latent_diffusion_trains_on_the_vaes_latents_and_samples_pictures(tmp_pa
     assert cli_main([*sample, "--out", str(out), "--no-progress"]) == 0
     images = np.load(out.with_suffix(".npz"))["images"]
     assert images.shape == (2, 3, 32, 32) and 0 <= images.min() and images.max() <= 1  # decoded to pixels
-    assert cli_main([*sample, "--img-size", "48", "--out", str(out), "--no-progress"]) == 0
+    assert cli_main([*sample, "--side", "48", "--output", str(out), "--no-progress"]) == 0
     assert np.load(out.with_suffix(".npz"))["images"].shape == (2, 3, 48, 48)
     assert cli_main([*argv[:-1], "--no-progress", "--vae", str(tmp_path)]) == 2
     assert "not a folder written by diffusers' AutoencoderKL.save_pretrained" in capsys.readouterr().err

@@ -24,6 +24,7 @@ TIERS = {
     "conversion": 3,
     "train": 4,
     "engine": 4,
+    "weights": 3,
     "evaluate": 4,
     "explain": 5,
     "segment": 5,

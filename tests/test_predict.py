@@ -99,7 +99,7 @@ def test_predict_batches_equal_sizes_and_matches_the_model(model):
 def test_predict_command_writes_one_json_line_per_image(tmp_path, capsys):
     out = tmp_path / "preds.jsonl"
     argv = ["predict", str(PHOTOS), "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
-    assert cli_main([*argv, "--native", "--topk", "2", "--out", str(out), "--no-progress"]) == 0
+    assert cli_main([*argv, "--native", "--topk", "2", "--output", str(out), "--no-progress"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [Path(r["path"]).name for r in rows] == ["china.jpg", "flower.jpg"]
     assert rows[0]["size"] == [432, 640] and len(rows[0]["topk"]) == 2 and rows[0]["seconds"] > 0
@@ -155,7 +155,7 @@ def test_predict_maps_are_overlays_at_the_original_size(tmp_path):
     name = "linear_infvit_tiny_patch16_224"
     out, maps = tmp_path / "preds.jsonl", tmp_path / "maps"
     argv = ["predict", str(tmp_path / "in"), "--model", name, "--model-kwargs", "depth=1", "--img-size", "64", "96"]
-    assert cli_main([*argv, "--maps", str(maps), "--out", str(out), "--no-progress", "--method", "column"]) == 0
+    assert cli_main([*argv, "--maps", str(maps), "--output", str(out), "--no-progress", "--method", "column"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [Path(r["map"]).relative_to(maps).as_posix() for r in rows] == ["china.png", "sub/flower.png"]
     assert {r["map_method"] for r in rows} == {"column"}
@@ -191,7 +191,7 @@ def test_predict_with_a_run_folder_names_its_labels_and_draws_maps(tmp_path):
     argv += ["--img-size", "32", "--workers", "0", "--epochs", "1", "--batch-size", "4", "--no-progress"]
     assert cli_main([*argv, "--model-kwargs", "patch_size=8", "depth=1"]) == 0
     out, maps = tmp_path / "preds.jsonl", tmp_path / "maps"
-    argv = ["predict", str(PHOTOS), "--checkpoint", str(run), "--out", str(out), "--maps", str(maps)]
+    argv = ["predict", str(PHOTOS), "--checkpoint", str(run), "--output", str(out), "--maps", str(maps)]
     assert cli_main([*argv, "--no-progress", "--compile", "default"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["topk"][0]["label"] for r in rows} <= set("0123456789") and rows[0]["size"] == [32, 32]
@@ -212,14 +212,14 @@ def test_predict_skips_unreadable_pictures_and_counts_them(tmp_path, capsys):
     Image.open(PHOTOS / "flower.jpg").resize((64, 48)).save(folder / "d.png")
     out = tmp_path / "preds.jsonl"
     argv = ["predict", str(folder), "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
-    assert cli_main([*argv, "--img-size", "32", "--batch-size", "2", "--out", str(out), "--no-progress"]) == 0
+    assert cli_main([*argv, "--img-size", "32", "--batch-size", "2", "--output", str(out), "--no-progress"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [Path(r["path"]).name for r in rows] == ["a.png", "d.png"]
     err = capsys.readouterr().err
     assert "b.png" in err and "c.jpg" in err and "skipped 2 of 4 pictures" in err
     for name in ("a.png", "d.png"):
         (folder / name).unlink()
-    assert cli_main([*argv, "--out", str(tmp_path / "none.jsonl"), "--no-progress"]) == 2
+    assert cli_main([*argv, "--output", str(tmp_path / "none.jsonl"), "--no-progress"]) == 2
     assert "none of the 2 pictures could be read" in capsys.readouterr().err
     assert not (tmp_path / "none.jsonl").exists()
 
@@ -233,7 +233,7 @@ def test_map_files_of_pictures_with_the_same_stem_do_not_collide(tmp_path):
     Image.open(PHOTOS / "china.jpg").resize((32, 32)).save(folder / "china.png")
     out, maps = tmp_path / "preds.jsonl", tmp_path / "maps"
     argv = ["predict", str(tmp_path / "in"), "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
-    assert cli_main([*argv, "--native", "--maps", str(maps), "--out", str(out), "--no-progress"]) == 0
+    assert cli_main([*argv, "--native", "--maps", str(maps), "--output", str(out), "--no-progress"]) == 0
     rows = {Path(r["path"]).name: r for r in map(json.loads, out.read_text().splitlines())}
     names = {k: Path(r["map"]).relative_to(maps).as_posix() for k, r in rows.items()}
     assert names == {"china.png": "china.png", "flower.jpg": "flower.jpg.png", "flower.png": "flower.png.png"}
@@ -273,7 +273,7 @@ def test_predict_seconds_are_each_pictures_own(tmp_path, monkeypatch):
         Image.new("RGB", (32, 32), (200, 30, 60)).save(tmp_path / name)
     out = tmp_path / "preds.jsonl"
     argv = ["predict", str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--model", "linear_infvit_tiny_patch16_224"]
-    argv += ["--model-kwargs", "depth=1", "--img-size", "32", "--maps", str(tmp_path / "maps"), "--out", str(out)]
+    argv += ["--model-kwargs", "depth=1", "--img-size", "32", "--maps", str(tmp_path / "maps"), "--output", str(out)]
     assert cli_main([*argv, "--no-progress"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["seconds"] for r in rows] == [1 + 2 + 0.5, 3 + 2 + 0.5]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
 from linvit.cli import run_command
-from linvit.reproduce import RECIPES, Recipe, Stage, build_plan, run_reproduce, run_stages
+from linvit.reproduce import RECIPES, Recipe, ReproduceConfig, Stage, build_plan, run_reproduce, run_stages
 from linvit.reproduce.plan import FAMILIES, SHARED, TASKS, Task
 from linvit.reproduce.stages import TimeLeft
 from linvit.reproduce.stats import VERDICTS
@@ -169,7 +168,7 @@ TINY = Recipe(
 
 
 def test_reproduce_end_to_end_writes_the_report_and_reuses_everything(tmp_path, tiny_tasks):
-    args = argparse.Namespace(quick=False, device="cpu", out=str(tmp_path / "out"))
+    args = ReproduceConfig(quick=False, device="cpu", output=str(tmp_path / "out"))
     report = run_reproduce(args, execute=run_command, recipe=TINY)
     out = tmp_path / "out"
     for name in ("report.md", "report.json", "commands.sh", "curves.png", "maps.png", "deletion.png", "erf.png"):
@@ -205,7 +204,7 @@ def test_a_run_stopped_part_way_reports_what_it_has(tmp_path, tiny_tasks):
     stages = build_plan(str(out), "full", "cpu", TINY)
     first_seed = [s for s in stages if s.name.startswith("data/") or s.info.get("seed") == 0 and "lr" not in s.name]
     run_stages(out, [s for s in first_seed if s.info.get("task", "digit") == "digit"], run_command)
-    args = argparse.Namespace(quick=False, device="cpu", out=str(out), report_only=True)
+    args = ReproduceConfig(quick=False, device="cpu", output=str(out), report_only=True)
     report = run_reproduce(args, execute=None, recipe=TINY)
     assert set(report["runs"]) == {"digit"} and set(report["runs"]["digit"]["softmax"]["seeds"]) == {0}
     assert "train/max/softmax/s0" in report["stages_missing"] and "bench/family4l" in report["stages_missing"]

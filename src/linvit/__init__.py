@@ -14,7 +14,7 @@ from . import layers, models, ops
 from .conversion import convert, convert_report
 from .inference import load_image, predict
 from .models.variants import create_model
-from .weights import load_run
+from .runs import load_run
 
 __version__ = "0.1.0"
 

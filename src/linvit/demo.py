@@ -7,6 +7,7 @@ server listens on 127.0.0.1 unless --host says otherwise, and nothing is shared 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 import torch.nn as nn
 from timm.data import resolve_model_data_config
 
+from .config import Config
 from .data.images import read_rgb
 from .errors import UsageError
 from .explain.maps import METHODS, importance_maps
@@ -107,27 +109,38 @@ def build_demo(models: Sequence[tuple[str, nn.Module]], topk: int = 5):
     return demo
 
 
-def load_models(args) -> list[tuple[str, nn.Module]]:
+@dataclasses.dataclass
+class DemoConfig(Config):
+    """`linvit demo`: one or two run folders (or a model name, random weights) and where the page listens."""
+
+    checkpoint: list[str] | None = None
+    model: str | None = None
+    topk: int = 5
+    host: str = "127.0.0.1"  # this machine only
+    port: int = 7860
+
+
+def load_models(config: DemoConfig) -> list[tuple[str, nn.Module]]:
     """--checkpoint RUN [RUN] (run folders), or --model NAME (random weights, for a first look)."""
     from .runs import load_run
 
-    if args.checkpoint:
-        return [(str(run), load_run(run)) for run in args.checkpoint]
-    if args.model:
+    if config.checkpoint:
+        return [(str(run), load_run(run)) for run in config.checkpoint]
+    if config.model:
         from .models import create_any_size
 
         torch.manual_seed(0)
-        return [(f"{args.model} (random weights)", create_any_size(args.model))]
+        return [(f"{config.model} (random weights)", create_any_size(config.model))]
     raise UsageError("give --checkpoint RUN [RUN] (one or two run folders) or --model NAME")
 
 
-def run_demo(args) -> None:
+def run_demo(config: DemoConfig) -> None:
     """`linvit demo`: serve the page until interrupted."""
-    if args.checkpoint and len(args.checkpoint) > 2:
-        raise UsageError(f"--checkpoint takes one or two run folders, got {len(args.checkpoint)}")
-    demo = build_demo(load_models(args), args.topk)
-    print(f"linvit demo on http://{args.host}:{args.port} (Ctrl+C to stop)")
-    serve(demo, args.host, args.port)
+    if config.checkpoint and len(config.checkpoint) > 2:
+        raise UsageError(f"--checkpoint takes one or two run folders, got {len(config.checkpoint)}")
+    demo = build_demo(load_models(config), config.topk)
+    print(f"linvit demo on http://{config.host}:{config.port} (Ctrl+C to stop)")
+    serve(demo, config.host, config.port)
 
 
 def serve(demo, host: str = "127.0.0.1", port: int = 7860, block: bool = True) -> None:

@@ -25,6 +25,7 @@ it (at its own size, resampling its own position table elsewhere; the default --
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -33,11 +34,12 @@ import timm
 import torch
 import torch.nn as nn
 
+from .config import Config
 from .errors import UsageError
 from .layers import PureInfSAAttention
 from .models import WeightFormer, create_variant, patch_size
 from .ops.infsa import DENSE_MAX_SCORES
-from .utils.artifacts import read_run_config
+from .weights import read_run_config
 
 FORMATS = ("onnx", "pt2", "torchscript")
 ONNX_TOLERANCE = 1e-4  # max abs difference to PyTorch in float32
@@ -46,12 +48,12 @@ MAX_SIDE = 16384  # the largest side a --dynamic-size graph declares
 
 
 def resolve_format(fmt: str | None, out: Path) -> str:
-    """--format, or the one --out's suffix names; a suffix that names another format is an error."""
+    """--format, or the one --output's suffix names; a suffix that names another format is an error."""
     implied = SUFFIX_FORMATS.get(out.suffix.lower())
     if fmt is None and implied is None:
-        raise UsageError(f"--out {out}: give --format or a suffix among {', '.join(SUFFIX_FORMATS)}")
+        raise UsageError(f"--output {out}: give --format or a suffix among {', '.join(SUFFIX_FORMATS)}")
     if fmt is not None and implied is not None and fmt != implied:
-        raise UsageError(f"--out {out} names a {implied} file but --format is {fmt}")
+        raise UsageError(f"--output {out} names a {implied} file but --format is {fmt}")
     return fmt or implied
 
 
@@ -202,28 +204,44 @@ def check_sizes(img_size: tuple[int, int], step: int | None, run_size: tuple[int
     return list(dict.fromkeys(sizes))
 
 
-def run_export(args) -> dict:
+@dataclasses.dataclass
+class ExportConfig(Config):
+    """`linvit export`: the model (a registered name or a run folder), the file and what it must accept."""
+
+    model: str | None = None
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    pretrained: bool = False  # the CLI folds it into model_kwargs
+    format: str | None = None  # None: from output's suffix
+    img_size: list[int] | None = None  # one side or H W; None: a run folder's own size, else the model's
+    dynamic_batch: bool = False
+    dynamic_size: bool = False
+    output: str | None = None
+
+
+def run_export(config: ExportConfig) -> dict:
     """`linvit export`: write the file, check it (ONNX: onnxruntime; pt2/TorchScript: reloaded), print a summary."""
-    size_arg = getattr(args, "img_size", None)
+    size_arg = config.img_size
     img_size = None if size_arg is None else (tuple(size_arg) if len(size_arg) == 2 else (size_arg[0],) * 2)
-    out = Path(args.out)
+    if not config.output:
+        raise UsageError("give --output FILE (its suffix names the format: .onnx, .pt2, .pt)")
+    out = Path(config.output)
     if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; give the file to write, e.g. {out / 'model.onnx'}")
-    args.format = resolve_format(args.format, out)
-    model, name, is_run = load_export_model(args.model, args.model_kwargs, img_size)
+        raise UsageError(f"--output {out} is a folder; give the file to write, e.g. {out / 'model.onnx'}")
+    fmt = resolve_format(config.format, out)
+    model, name, is_run = load_export_model(config.model, config.model_kwargs, img_size)
     model.eval()
     run_size = own_size(model) if is_run else None
     img_size = img_size or own_size(model)
     if is_run and img_size != run_size and not takes_other_sizes(model):
         raise UsageError(
-            f"{args.model} takes {run_size[0]} x {run_size[1]} only (a fixed-size position table): export at that "
-            "size, or add --model-kwargs dynamic_img_size=True to resample it per input"
+            f"{config.model} takes {run_size[0]} x {run_size[1]} only (a fixed-size position table): export at "
+            "that size, or add --model-kwargs dynamic_img_size=True to resample it per input"
         )
     reference = copy.deepcopy(model)  # the model as named: the export's fixed choices below do not touch it
-    scripted = args.format == "torchscript"
-    step = size_step(model, args.format) if getattr(args, "dynamic_size", False) else None
+    scripted = fmt == "torchscript"
+    step = size_step(model, fmt) if config.dynamic_size else None
     chosen = [] if scripted else fix_size_dependent_choices(model, img_size)
-    example = torch.randn(2 if args.dynamic_batch else 1, 3, *img_size)
+    example = torch.randn(2 if config.dynamic_batch else 1, 3, *img_size)
     with torch.no_grad():
         model(example)  # the model's own input checks (patch divisibility, channels) before anything is written
     if step is not None and (img_size[0] % step or img_size[1] % step or min(img_size) < 2 * step):
@@ -232,29 +250,36 @@ def run_export(args) -> dict:
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f"{out.stem}.partial{out.suffix}")  # renamed to out once checked: never half-written
-    batches = [1, 3] if args.dynamic_batch or scripted else [example.shape[0]]
+    batches = [1, 3] if config.dynamic_batch or scripted else [example.shape[0]]
     sizes = check_sizes(img_size, step, run_size)
     try:
-        diff = _write_and_check(model, reference, args, partial, example, batches, sizes, step)
+        diff = _write_and_check(model, reference, (fmt, config.dynamic_batch), partial, example, batches, sizes, step)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    summary = {"model": name, "format": args.format, "file": str(out), "img_size": list(img_size)}
+    summary = {"model": name, "format": fmt, "file": str(out), "img_size": list(img_size)}
     if diff > ONNX_TOLERANCE:
         partial.unlink(missing_ok=True)
         raise UsageError(f"exported model differs from PyTorch by {diff:.2e} (> {ONNX_TOLERANCE:g}); nothing written")
     partial.replace(out)
-    summary.update(dynamic_batch=args.dynamic_batch, max_abs_diff=diff, batches_checked=batches, choices=chosen)
+    summary.update(dynamic_batch=config.dynamic_batch, max_abs_diff=diff, batches_checked=batches, choices=chosen)
     summary.update(accepted_sizes=accepted_sizes(img_size, step, scripted), sizes_checked=[list(s) for s in sizes])
-    print(f"{name} -> {out} ({args.format}, {out.stat().st_size / 2**20:.1f} MiB); max abs diff {diff:.2e}")
+    _print_summary(summary, fmt, step, out)
+    return summary
+
+
+def _print_summary(summary: dict, fmt: str, step: int | None, out: Path) -> None:
+    diff, sizes = summary["max_abs_diff"], summary["sizes_checked"]
+    print(f"{summary['model']} -> {out} ({fmt}, {out.stat().st_size / 2**20:.1f} MiB); max abs diff {diff:.2e}")
     print(f"accepts {summary['accepted_sizes']}; checked at " + ", ".join(f"{h} x {w}" for h, w in sizes))
     if step is not None:
-        print(f"other sizes: {REFUSAL[args.format]}")
-    if scripted:
+        print(f"other sizes: {REFUSAL[fmt]}")
+    if fmt == "torchscript":
         print("scripted: runs at any batch and input size (PyTorch deprecates TorchScript; pt2 and onnx are kept up)")
-    if chosen:
-        print("pure InfSA forms fixed for export: " + ", ".join(sorted(set(c.split(": ")[1] for c in chosen))))
-    return summary
+    if summary["choices"]:
+        print(
+            "pure InfSA forms fixed for export: " + ", ".join(sorted(set(c.split(": ")[1] for c in summary["choices"])))
+        )
 
 
 REFUSAL = {  # what a dynamic file does at a size it does not accept
@@ -273,15 +298,17 @@ def accepted_sizes(img_size: tuple[int, int], step: int | None, scripted: bool) 
 
 
 def _write_and_check(
-    model: nn.Module, reference: nn.Module, args, path: Path, example, batches: list[int], sizes: list, step
+    model: nn.Module, reference: nn.Module, form: tuple[str, bool], path: Path, example, batches, sizes, step
 ) -> float:
-    """Export model to path and return the max abs difference of the file's outputs to the reference's, at every
-    batch size and input size checked; a size the file fails at is a one-line error."""
+    """Export model to path as form (format, dynamic batch) and return the max abs difference of the file's
+    outputs to the reference's, at every batch size and input size checked; a size the file fails at is a
+    one-line error."""
+    fmt, dynamic_batch = form
     with warnings.catch_warnings():  # torch warns on every torch.jit call; one note in run_export says it once
         warnings.filterwarnings("ignore", message="`torch.jit", category=FutureWarning)
         with torch.no_grad():
-            export_model(model, args.format, path, example, args.dynamic_batch, step)
-        run = _loaded(path, args.format)
+            export_model(model, fmt, path, example, dynamic_batch, step)
+        run = _loaded(path, fmt)
         diff = 0.0
         for size in sizes:
             for batch in batches:

@@ -11,6 +11,7 @@ With --maps each picture also gets its importance map drawn over it at its own s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ from timm.data import create_transform, resolve_model_data_config
 from torchvision.transforms import functional as TF
 from tqdm import tqdm
 
+from .config import Config
 from .data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
 from .distributed import resolve_device
 from .errors import UsageError
@@ -109,49 +111,72 @@ def _equal_size_batches(images: Sequence[torch.Tensor], batch_size: int) -> list
     return [idx[s : s + batch_size] for idx in groups.values() for s in range(0, len(idx), batch_size)]
 
 
-def load_model(args) -> nn.Module:
-    """--checkpoint RUN (a run folder) or --model NAME [--checkpoint WEIGHTS]."""
-    from .evaluate import create_for_checkpoint, load_weights
-    from .runs import load_run
+@dataclasses.dataclass
+class PredictConfig(Config):
+    """`linvit predict`: which model, which pictures at which size, what to write."""
 
-    if args.model is None:
-        if not args.checkpoint:
+    images: list[str] = dataclasses.field(default_factory=list)
+    model: str | None = None  # without it, checkpoint is a run folder
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    pretrained: bool = False  # the CLI folds it into model_kwargs
+    checkpoint: str | None = None
+    img_size: list[int] | None = None  # resize to H [W]; None: the model's data config
+    native: bool = False
+    max_pixels: int | None = None  # None: DEFAULT_MAX_PIXELS
+    topk: int = 5
+    output: str | None = None  # preds.jsonl
+    batch_size: int = 8
+    maps: str | None = None
+    method: str | None = None
+    amp: str = "none"
+    device: str = "auto"
+    compile: str = "off"
+    progress: bool = True
+
+
+def load_model(config: PredictConfig) -> nn.Module:
+    """checkpoint RUN (a run folder) or model NAME [checkpoint WEIGHTS]."""
+    from .runs import load_run
+    from .weights import create_for_checkpoint, load_weights
+
+    if config.model is None:
+        if not config.checkpoint:
             raise UsageError("give --checkpoint RUN (a run folder) or --model NAME")
-        return load_run(args.checkpoint)
+        return load_run(config.checkpoint)
     torch.manual_seed(0)  # random weights (no --checkpoint) are the same on every run
-    model = create_for_checkpoint(args.model, args.checkpoint, any_size=True, **args.model_kwargs)
-    if args.checkpoint:
-        load_weights(model, args.checkpoint)
+    model = create_for_checkpoint(config.model, config.checkpoint, any_size=True, **config.model_kwargs)
+    if config.checkpoint:
+        load_weights(model, config.checkpoint)
     return model
 
 
-def run_predict(args) -> list[dict]:
-    """`linvit predict`: top-k per image to stdout, with --out one JSON line per image, with --maps overlays.
+def run_predict(config: PredictConfig) -> list[dict]:
+    """`linvit predict`: top-k per image to stdout, with --output one JSON line per image, with --maps overlays.
     Unreadable pictures are reported, counted and skipped (as explain and evaluation do); none readable is an
     error. An image's "seconds" are its own reading and resizing, its share of its batch's forward and its map."""
-    from .evaluate import height_width
     from .utils.compile import compile_model
+    from .weights import height_width
 
-    paths = find_images(args.images)
-    model = load_model(args)
-    device = resolve_device(args.device)
-    max_pixels = args.max_pixels or DEFAULT_MAX_PIXELS
-    img_size = height_width(args.img_size)
-    check_out_file(args.out, "preds.jsonl")
-    cropped = img_size is None and not args.native  # the model's data config: resize and centre crop
-    maps = MapWriter(model, args.maps, args.method, paths, crop=cropped) if args.maps else None
-    runner = compile_model(model.eval().to(device), args.compile)
+    paths = find_images(config.images)
+    model = load_model(config)
+    device = resolve_device(config.device)
+    max_pixels = config.max_pixels or DEFAULT_MAX_PIXELS
+    img_size = height_width(config.img_size)
+    check_out_file(config.output, "preds.jsonl")
+    cropped = img_size is None and not config.native  # the model's data config: resize and centre crop
+    maps = MapWriter(model, config.maps, config.method, paths, crop=cropped) if config.maps else None
+    runner = compile_model(model.eval().to(device), config.compile)
     names = getattr(model, "label_names", None)
-    records = []
-    for start in tqdm(range(0, len(paths), args.batch_size), desc="predict", unit="batch", disable=not args.progress):
-        chunk = paths[start : start + args.batch_size]
-        kept, pictures, tensors, seconds = read_pictures(chunk, model, img_size, args.native, max_pixels)
+    records, batch = [], config.batch_size
+    for start in tqdm(range(0, len(paths), batch), desc="predict", unit="batch", disable=not config.progress):
+        chunk = paths[start : start + batch]
+        kept, pictures, tensors, seconds = read_pictures(chunk, model, img_size, config.native, max_pixels)
         if not kept:
             continue
         if maps is None:  # the pictures are needed again only to draw maps on; at 8K each is 200 MB
             pictures = [None] * len(kept)
         tick = time.perf_counter()
-        outputs = predict(runner, tensors, args.topk, names, args.batch_size, device, args.amp)
+        outputs = predict(runner, tensors, config.topk, names, batch, device, config.amp)
         share = (time.perf_counter() - tick) / len(kept)
         for path, picture, tensor, out, own in zip(kept, pictures, tensors, outputs, seconds, strict=True):
             record = {"path": str(path), "size": list(tensor.shape[-2:]), **out}
@@ -163,8 +188,8 @@ def run_predict(args) -> list[dict]:
             top = out["topk"][0]
             print(f"{path}: {top['label']} ({top['prob']:.3f})" + _rest(out["topk"][1:]))
     report_skipped(len(paths) - len(records), len(paths))
-    if args.out:
-        write_jsonl(args.out, records)
+    if config.output:
+        write_jsonl(config.output, records)
     return records
 
 
@@ -195,9 +220,9 @@ def report_skipped(skipped: int, total: int) -> None:
 
 
 def check_out_file(out: str | None, example: str) -> None:
-    """--out names a file to write, not a folder."""
+    """--output names a file to write, not a folder."""
     if out and Path(out).is_dir():
-        raise UsageError(f"--out {out} is a folder; give the file to write, e.g. {Path(out) / example}")
+        raise UsageError(f"--output {out} is a folder; give the file to write, e.g. {Path(out) / example}")
 
 
 def write_jsonl(path: str | Path, records: Sequence[dict]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from functools import partial
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import Config
 from ..errors import UsageError
 from ..models.dit import MIXERS as DIT_MIXERS
 from ..models.variants import check_model_name, split_name
@@ -20,85 +22,115 @@ from .runner import ladder, sweep
 from .suites import SUITES, suite_names
 
 
-def run_bench(args) -> None:
+@dataclasses.dataclass
+class BenchConfig(Config):
+    """`linvit bench`: a sweep of --models or a recorded --suite, and how each point is measured. device
+    defaults to cpu (the recorded CPU tables); auto is cuda when torch sees one."""
+
+    models: list[str] | None = None
+    suite: str | None = None
+    res: list[int] = dataclasses.field(default_factory=lambda: [224, 512, 1024])
+    batch: list[int] | None = None  # None: [1] (or the suite's)
+    compile: list[str] | None = None  # None: ["off"] (or the suite's)
+    min_time: float = 0.0
+    dry_run: bool = False
+    mode: str = "infer"
+    task: str = "classify"
+    device: str = "cpu"
+    dtype: str = "fp32"
+    warmup: int = 1
+    iters: int = 5
+    timeout: float = 600.0
+    mem_limit: float | None = None
+    ladder: bool = False
+    reference: list[str] = dataclasses.field(default_factory=list)
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    output: str | None = None
+
+
+def run_bench(config: BenchConfig) -> None:
     """Sweep models x resolutions (x batches x compile modes), one subprocess per point; write the outputs."""
-    if args.suite:
-        plans = [_suite_plan(args, name) for name in suite_names(args.suite)]
-    elif args.models:
-        plans = [_flag_plan(args)]
+    if not config.output:
+        raise UsageError("give --output DIR")
+    if config.device == "auto":
+        config = config.replace(device="cuda" if torch.cuda.is_available() else "cpu")
+    if config.suite:
+        plans = [_suite_plan(config, name) for name in suite_names(config.suite)]
+    elif config.models:
+        plans = [_flag_plan(config)]
     else:
         raise UsageError("give --models (comma list) or --suite")
     for plan in plans:
-        if args.suite:
+        if config.suite:
             print(f"== suite {plan['name']}")
         _run_plan(**{k: v for k, v in plan.items() if k != "name"})
 
 
-def _common(args, **overrides) -> dict:
+def _common(config: BenchConfig, **overrides) -> dict:
     """The settings every point of one sweep shares, from the flags (a suite overrides some)."""
     common = dict(
-        mode=args.mode,
-        device=args.device,
-        dtype=args.dtype,
-        warmup=args.warmup,
-        iters=args.iters,
-        min_time_s=args.min_time,
-        model_kwargs=args.model_kwargs,
-        task=args.task,
+        mode=config.mode,
+        device=config.device,
+        dtype=config.dtype,
+        warmup=config.warmup,
+        iters=config.iters,
+        min_time_s=config.min_time,
+        model_kwargs=config.model_kwargs,
+        task=config.task,
     )
     return {**common, **overrides}
 
 
-def _flag_plan(args) -> dict:
+def _flag_plan(config: BenchConfig) -> dict:
     return dict(
         name=None,
-        models=args.models,
-        res=args.res,
-        out=args.out,
-        ladder_mode=args.ladder,
-        references=args.reference,
-        timeout=args.timeout,
-        mem_limit=args.mem_limit,
-        batches=args.batch or [1],
-        compiles=args.compile or ["off"],
-        common=_common(args),
+        models=config.models,
+        res=config.res,
+        out=config.output,
+        ladder_mode=config.ladder,
+        references=config.reference,
+        timeout=config.timeout,
+        mem_limit=config.mem_limit,
+        batches=config.batch or [1],
+        compiles=config.compile or ["off"],
+        common=_common(config),
         command="linvit " + " ".join(sys.argv[1:]),
     )
 
 
-def _suite_plan(args, name: str) -> dict:
+def _suite_plan(config: BenchConfig, name: str) -> dict:
     """A recorded table: the suite's settings over the flags' (--batch / --compile given explicitly win)."""
     suite = SUITES[name]
-    device, dtype = suite.get("device", args.device), suite.get("dtype", args.dtype)
-    res, batches = suite["res"], args.batch or suite.get("batch", [1])
-    iters, warmup = suite.get("iters", args.iters), suite.get("warmup", args.warmup)
-    min_time = suite.get("min_time", args.min_time)
-    if args.dry_run:  # the same points, tiny: a check of the plan on any machine
-        res, batches, iters, warmup, min_time, device = [32], batches[:1], 1, 1, 0.0, args.device
+    device, dtype = suite.get("device", config.device), suite.get("dtype", config.dtype)
+    res, batches = suite["res"], config.batch or suite.get("batch", [1])
+    iters, warmup = suite.get("iters", config.iters), suite.get("warmup", config.warmup)
+    min_time = suite.get("min_time", config.min_time)
+    if config.dry_run:  # the same points, tiny: a check of the plan on any machine
+        res, batches, iters, warmup, min_time, device = [32], batches[:1], 1, 1, 0.0, config.device
     common = _common(
-        args,
-        mode=suite.get("mode", args.mode),
+        config,
+        mode=suite.get("mode", config.mode),
         device=device,
         dtype=dtype,
         warmup=warmup,
         iters=iters,
         min_time_s=min_time,
         model_kwargs=suite.get("model_kwargs", {}),
-        task=suite.get("task", args.task),
+        task=suite.get("task", config.task),
     )
     return dict(
         name=name,
         models=suite["models"],
         res=res,
-        out=str(Path(args.out) / name),
+        out=str(Path(config.output) / name),
         ladder_mode=suite.get("ladder", False),
         references=suite.get("reference", []),
-        timeout=suite.get("timeout", args.timeout),
-        mem_limit=suite.get("mem_limit", args.mem_limit),
+        timeout=suite.get("timeout", config.timeout),
+        mem_limit=suite.get("mem_limit", config.mem_limit),
         batches=batches,
-        compiles=args.compile or suite.get("compile", ["off"]),
+        compiles=config.compile or suite.get("compile", ["off"]),
         common=common,
-        command=f"linvit bench --suite {name} --device {device} --dtype {dtype} --out {args.out}",
+        command=f"linvit bench --suite {name} --device {device} --dtype {dtype} --output {config.output}",
     )
 
 
@@ -132,7 +164,18 @@ def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, bat
     print(f"wrote {out}/bench.json, bench.csv, bench.md, scaling.png")
 
 
-def run_models(args) -> None:
+@dataclasses.dataclass
+class ModelsConfig(Config):
+    """`linvit models`: which models to list, and what to count at which input side."""
+
+    filter: str = ""
+    macs: bool = False
+    ops: bool = False
+    macs_at: int = 224  # the square input side --macs and --ops count at
+    json: bool = False
+
+
+def run_models(config: ModelsConfig) -> None:
     """`linvit models`: registered models with parameter counts (GMACs with --macs, ATen ops with --ops).
 
     Without --macs / --ops the models are built on the meta device (shapes only), so listing is instant."""
@@ -140,24 +183,24 @@ def run_models(args) -> None:
 
     from linvit import list_models
 
-    names = list_models(model_filter(args.filter))
+    names = list_models(model_filter(config.filter))
     if not names:
-        raise UsageError(f"no model matches {args.filter!r}")
-    rows = []
-    x = torch.zeros(1, 3, args.img_size, args.img_size)
+        raise UsageError(f"no model matches {config.filter!r}")
+    rows, side = [], config.macs_at
+    x = torch.zeros(1, 3, side, side)
     for name in names:
-        measure = args.macs or args.ops
+        measure = config.macs or config.ops
         with torch.device("cpu" if measure else "meta"):
             model = timm.create_model(name).eval()
         row = {"model": name, "params": sum(p.numel() for p in model.parameters())}
         with torch.no_grad():
-            if args.macs:
-                row[f"gmacs@{args.img_size}"] = round(count_flops(partial(model, x)) / 2e9, 3)
-            if args.ops:
+            if config.macs:
+                row[f"gmacs@{side}"] = round(count_flops(partial(model, x)) / 2e9, 3)
+            if config.ops:
                 model(x)  # warm-up
-                row[f"ops@{args.img_size}"] = count_ops(partial(model, x)).total
+                row[f"ops@{side}"] = count_ops(partial(model, x)).total
         rows.append(row)
-    if args.json:
+    if config.json:
         print(json.dumps(rows, indent=2))
         return
     print(models_table(rows))

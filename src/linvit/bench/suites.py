@@ -1,4 +1,4 @@
-"""The benchmark tables of docs/benchmarks.md as named suites: ``linvit bench --suite NAME|all|gpu --out DIR``.
+"""The benchmark tables of docs/benchmarks.md as named suites: ``linvit bench --suite NAME|all|gpu --output DIR``.
 
 Each suite is one sweep (or ladder) with fixed settings, so every recorded table is reproduced by one
 command and lands in DIR/<suite>/bench.{json,csv,md} + scaling.png. ``all`` runs the CPU tables, ``gpu``

@@ -10,6 +10,7 @@ label 0 never collides with digit 0 and the maps have 11 classes.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import importlib.resources
 import json
@@ -19,6 +20,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from ..config import Config
 from ..errors import UsageError
 from ..utils.paths import output_dir
 
@@ -207,28 +209,37 @@ def build_detection_set(
     return {"images": counts, "digits_per_image": digits_per_image, "canvas": canvas, "root": str(root)}
 
 
-def run_cluttered_mnist(args) -> None:
+@dataclasses.dataclass
+class ClutteredMnistConfig(Config):
+    """`linvit data cluttered-mnist`: the folder, the canvas, images per class, clutter and the seed."""
+
+    output: str | None = None
+    canvas: int = 64
+    per_class_train: int = 300
+    per_class_val: int = 100
+    clutter: int = 4
+    seed: int = 0
+    digits_per_image: int = 0  # > 0: also OUTPUT/detection, that many digits per canvas
+
+
+def run_cluttered_mnist(config: ClutteredMnistConfig) -> None:
     """`linvit data cluttered-mnist`: build the tree and say what was written."""
-    meta = build_cluttered_mnist(
-        args.out,
-        canvas=args.canvas,
-        per_class_train=args.per_class_train,
-        per_class_val=args.per_class_val,
-        clutter=args.clutter,
-        seed=args.seed,
+    if not config.output:
+        raise UsageError("give --output DIR")
+    drawing = dict(
+        canvas=config.canvas,
+        per_class_train=config.per_class_train,
+        per_class_val=config.per_class_val,
+        clutter=config.clutter,
+        seed=config.seed,
     )
-    print(f"wrote {meta['images']['train']} train and {meta['images']['val']} val images, boxes.json to {args.out}")
-    if args.digits_per_image:
-        det = build_detection_set(
-            args.out,
-            args.digits_per_image,
-            canvas=args.canvas,
-            per_class_train=args.per_class_train,
-            per_class_val=args.per_class_val,
-            clutter=args.clutter,
-            seed=args.seed,
-        )
+    meta = build_cluttered_mnist(config.output, **drawing)
+    print(
+        f"wrote {meta['images']['train']} train and {meta['images']['val']} val images, boxes.json to {config.output}"
+    )
+    if config.digits_per_image:
+        det = build_detection_set(config.output, config.digits_per_image, **drawing)
         print(
             f"wrote a detection set of {det['images']['train']} train and {det['images']['val']} val images "
-            f"({args.digits_per_image} digits each, COCO json) to {det['root']}"
+            f"({config.digits_per_image} digits each, COCO json) to {det['root']}"
         )

@@ -33,6 +33,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 from tqdm import tqdm
 
+from ..config import Config
 from ..errors import UsageError
 from .cluttered_mnist import DIGIT, FRAGMENT, load_mnist_5k
 
@@ -277,8 +278,21 @@ def write_digit_folder(
     return meta
 
 
-def run_digit_folder(args) -> None:
+@dataclass
+class DigitFolderConfig(Config):
+    """`linvit data digits`: which task's fixed evaluation canvases, at which canvas and clutter, where."""
+
+    output: str | None = None
+    task: str = "digit"
+    canvas: int = 48
+    clutter: int = 2
+    seed: int = 0
+
+
+def run_digit_folder(config: DigitFolderConfig) -> None:
     """`linvit data digits`: the evaluation splits of one digit task as a folder, and what was written."""
-    meta = write_digit_folder(args.out, args.task, args.canvas, args.clutter, args.seed)
+    if not config.output:
+        raise UsageError("give --output DIR")
+    meta = write_digit_folder(config.output, config.task, config.canvas, config.clutter, config.seed)
     counts = ", ".join(f"{n} {split}" for split, n in meta["images"].items())
-    print(f"wrote {counts} canvases of {meta['data']} and boxes.json to {args.out}")
+    print(f"wrote {counts} canvases of {meta['data']} and boxes.json to {config.output}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -12,10 +13,10 @@ import torch
 from ..data import boxes_for, load_boxes
 from ..errors import UsageError
 from ..evaluate import write_json
-from ..utils.artifacts import check_exists, read_run_config
 from ..utils.paths import output_dir
+from ..weights import check_exists, read_run_config
 from .erf import effective_receptive_field
-from .inputs import AnalysisInputs, load_inputs
+from .inputs import AnalysisConfig, AnalysisInputs, load_inputs
 from .maps import importance_maps
 from .metrics import area_over_curve, box_auc, perturbation_curves, pointing_game
 from .spectral import spectral_report
@@ -109,46 +110,83 @@ def plot_curves(morf: torch.Tensor, lerf: torch.Tensor, path: Path, title: str) 
     plt.close(fig)
 
 
-def run_explain(args) -> dict:
+@dataclasses.dataclass
+class ExplainConfig(AnalysisConfig):
+    """`linvit explain`: maps by method and layer, scored by deletion curves and boxes."""
+
+    boxes: str | None = None  # None: DATA/boxes.json when present
+    method: str | None = None  # None: the model's own
+    layer: int | str = "mean"  # a layer index or "mean"
+    steps: int = 10  # perturbation steps
+    tolerance: float = 15.0  # pointing-game tolerance in pixels
+    batch_size: int = 16
+    output: str | None = None  # a folder
+
+
+@dataclasses.dataclass
+class SpectralConfig(AnalysisConfig):
+    """`linvit spectral`: Linear-InfSA importance against the Perron vector, into one JSON file."""
+
+    limit: int = 8
+    depth: int | None = None  # series truncation depth; None: the number of InfSA layers
+    output: str | None = None  # a JSON file
+
+
+@dataclasses.dataclass
+class ErfConfig(AnalysisConfig):
+    """`linvit erf`: the effective receptive field heat map, into a folder."""
+
+    limit: int = 16
+    output: str | None = None
+
+
+def _output(config: AnalysisConfig) -> Path:
+    if not config.output:
+        raise UsageError("give --output (where the results go)")
+    return Path(config.output)
+
+
+def run_explain(config: ExplainConfig) -> dict:
     """Maps of a run or model on a folder of pictures; with labels MoRF/LeRF and accuracy, with boxes box AUCs
     and the pointing game. Writes metrics.json, predictions.jsonl, maps.npz (with the pictures' paths) and PNGs."""
-    if args.checkpoint:
-        check_exists(args.checkpoint)  # the model's problem before the pictures' (a typo in --checkpoint)
-    out = output_dir(Path(args.out))
-    inputs = load_inputs(args, args.limit)
-    boxes = picture_boxes(args, inputs)
-    maps, preds, probs = explain_batches(args, inputs)
+    if config.checkpoint:
+        check_exists(config.checkpoint)  # the model's problem before the pictures' (a typo in --checkpoint)
+    out = output_dir(_output(config))
+    inputs = load_inputs(config)
+    config = inputs.settings  # with a run folder's model and input size
+    boxes = picture_boxes(config, inputs)
+    maps, preds, probs = explain_batches(config, inputs)
     image_maps = torch.cat([m.image for m in maps])
     metrics = {
-        "model": args.model,
-        "checkpoint": args.checkpoint,
+        "model": config.model,
+        "checkpoint": config.checkpoint,
         "method": maps[0].method,
-        "layer": args.layer,
+        "layer": config.layer,
         "images": len(inputs.images),
         "labelled": inputs.targets is not None,
         "unlabelled_because": inputs.why_unlabelled,
         "images_with_boxes": sum(1 for b in boxes if b),
-        "tolerance_px": args.tolerance,
-        "steps": args.steps,
+        "tolerance_px": config.tolerance,
+        "steps": config.steps,
     }
-    metrics.update(box_metrics(image_maps, boxes, args.tolerance))
+    metrics.update(box_metrics(image_maps, boxes, config.tolerance))
     if inputs.targets is not None:
-        metrics.update(labelled_metrics(args, inputs, maps, torch.cat(preds)))
-    write_outputs(out, args, inputs, image_maps, boxes, metrics, torch.cat(preds), torch.cat(probs))
+        metrics.update(labelled_metrics(config, inputs, maps, torch.cat(preds)))
+    write_outputs(out, config, inputs, image_maps, boxes, metrics, torch.cat(preds), torch.cat(probs))
     return metrics
 
 
-def picture_boxes(args, inputs: AnalysisInputs) -> list[list | None]:
+def picture_boxes(config: ExplainConfig, inputs: AnalysisInputs) -> list[list | None]:
     """Ground-truth boxes per picture in model-input pixels (--boxes, or DATA/boxes.json when present)."""
     from PIL import Image
 
-    boxes_src = args.boxes or Path(args.data) / "boxes.json"
+    boxes_src = config.boxes or Path(config.data) / "boxes.json"
     all_boxes = load_boxes(boxes_src) if Path(boxes_src).exists() else None
-    if args.boxes and all_boxes is None:
-        raise UsageError(f"{args.boxes}: boxes not found")
+    if config.boxes and all_boxes is None:
+        raise UsageError(f"{config.boxes}: boxes not found")
     boxes = []
     for p in inputs.paths:
-        raw = boxes_for(p, all_boxes, root=args.data) if all_boxes else None
+        raw = boxes_for(p, all_boxes, root=config.data) if all_boxes else None
         boxes.append(None if raw is None else transform_boxes(raw, Image.open(p).size, inputs.config))
     if all_boxes is not None:
         warn_unmatched(sum(b is not None for b in boxes), len(boxes), boxes_src, len(all_boxes))
@@ -168,12 +206,12 @@ def warn_unmatched(matched: int, pictures: int, source, entries: int) -> None:
     )
 
 
-def explain_batches(args, inputs: AnalysisInputs):
+def explain_batches(config: ExplainConfig, inputs: AnalysisInputs):
     """Importance maps, predicted classes and their probabilities, batch by batch."""
     maps, preds, probs = [], [], []
-    for start in range(0, len(inputs.images), args.batch_size):
-        x = inputs.images[start : start + args.batch_size]
-        maps.append(importance_maps(inputs.model, x, method=args.method, layer=args.layer))
+    for start in range(0, len(inputs.images), config.batch_size):
+        x = inputs.images[start : start + config.batch_size]
+        maps.append(importance_maps(inputs.model, x, method=config.method, layer=config.layer))
         with torch.no_grad():
             p = inputs.model(x).softmax(-1)
         probs.append(p.max(1).values)
@@ -196,14 +234,14 @@ def box_metrics(image_maps: torch.Tensor, boxes: list, tolerance: float) -> dict
     }
 
 
-def labelled_metrics(args, inputs: AnalysisInputs, maps: list, preds: torch.Tensor) -> dict:
+def labelled_metrics(config: ExplainConfig, inputs: AnalysisInputs, maps: list, preds: torch.Tensor) -> dict:
     """Accuracy and MoRF/LeRF (deleting patches by the map, p(true class) after each step)."""
-    patch = inputs.model.patch_embed.patch_size
+    patch, batch, steps = inputs.model.patch_embed.patch_size, config.batch_size, config.steps
     morfs, lerfs = [], []
-    for m, start in zip(maps, range(0, len(inputs.images), args.batch_size), strict=True):
-        x, y = inputs.images[start : start + args.batch_size], inputs.targets[start : start + args.batch_size]
-        morfs.append(perturbation_curves(inputs.model, x, y, m.patch, patch, steps=args.steps, order="morf"))
-        lerfs.append(perturbation_curves(inputs.model, x, y, m.patch, patch, steps=args.steps, order="lerf"))
+    for m, start in zip(maps, range(0, len(inputs.images), batch), strict=True):
+        x, y = inputs.images[start : start + batch], inputs.targets[start : start + batch]
+        morfs.append(perturbation_curves(inputs.model, x, y, m.patch, patch, steps=steps, order="morf"))
+        lerfs.append(perturbation_curves(inputs.model, x, y, m.patch, patch, steps=steps, order="lerf"))
     morf, lerf = torch.cat(morfs), torch.cat(lerfs)
     return {
         "accuracy": float((preds == inputs.targets).float().mean() * 100),
@@ -214,10 +252,12 @@ def labelled_metrics(args, inputs: AnalysisInputs, maps: list, preds: torch.Tens
     }
 
 
-def write_outputs(out: Path, args, inputs: AnalysisInputs, image_maps, boxes, metrics, preds, probs) -> None:
+def write_outputs(
+    out: Path, config: ExplainConfig, inputs: AnalysisInputs, image_maps, boxes, metrics, preds, probs
+) -> None:
     """metrics.json, predictions.jsonl, maps.npz and the figures; a summary to stdout."""
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    names = getattr(inputs.model, "label_names", None) or read_label_names(args)
+    names = getattr(inputs.model, "label_names", None) or read_label_names(config.checkpoint)
     with open(out / "predictions.jsonl", "w") as f:
         for i, path in enumerate(inputs.paths):
             c = int(preds[i])
@@ -226,7 +266,7 @@ def write_outputs(out: Path, args, inputs: AnalysisInputs, image_maps, boxes, me
             if inputs.targets is not None:
                 row["target"] = int(inputs.targets[i])
             f.write(json.dumps(row) + "\n")
-    title = f"{args.model} ({metrics['method']})"
+    title = f"{config.model} ({metrics['method']})"
     if "morf_curve" in metrics:
         plot_curves(
             torch.tensor([metrics["morf_curve"]]), torch.tensor([metrics["lerf_curve"]]), out / "curves.png", title
@@ -240,17 +280,20 @@ def write_outputs(out: Path, args, inputs: AnalysisInputs, image_maps, boxes, me
     print(f"wrote {out}/{written}maps.png, maps.npz")
 
 
-def read_label_names(args) -> list[str] | None:
-    found = read_run_config(args.checkpoint) if args.checkpoint else None
+def read_label_names(checkpoint: str | None) -> list[str] | None:
+    found = read_run_config(checkpoint) if checkpoint else None
     return found[1].get("label_names") if found else None
 
 
-def run_spectral(args) -> dict:
-    inputs = load_inputs(args, args.limit)
+def run_spectral(config: SpectralConfig) -> dict:
+    """The spectral report of every Linear-InfSA layer: per layer and mean, to stdout and a JSON file."""
+    out = _output(config)
+    inputs = load_inputs(config)
+    config = inputs.settings
     model, images = inputs.model, inputs.images
-    report = spectral_report(model, images, depth=args.depth)
-    report.update(model=args.model, checkpoint=args.checkpoint)
-    write_json(args.out, report)
+    report = spectral_report(model, images, depth=config.depth)
+    report.update(model=config.model, checkpoint=config.checkpoint)
+    write_json(out, report)
     for layer in report["layers"]:
         cos = np.mean(layer["cosine"])
         radius, gap = np.mean(layer["spectral_radius"]), np.mean(layer["truncation_gap"])
@@ -260,29 +303,31 @@ def run_spectral(args) -> dict:
     print(
         f"mean: cosine {m['cosine']:.4f}  radius {m['spectral_radius']:.4f}  truncation gap {m['truncation_gap']:.4f}"
     )
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return report
 
 
-def run_erf(args) -> dict:
-    inputs = load_inputs(args, args.limit)
+def run_erf(config: ErfConfig) -> dict:
+    """The effective receptive field: erf.png, erf.json and erf.npy in the output folder."""
+    out = _output(config)
+    inputs = load_inputs(config)
+    config = inputs.settings
     model, images = inputs.model, inputs.images
     result = effective_receptive_field(model, images)
-    out = Path(args.out)
     out = output_dir(out)
     plt = _matplotlib()
     fig, ax = plt.subplots(figsize=(4, 4))
     im = ax.imshow(result["display"].numpy(), cmap="RdYlGn")
     H, W = result["display"].shape
     ax.add_patch(_matplotlib().Rectangle((W / 4, H / 4), W / 2, H / 2, fill=False, ec="black", ls="--"))
-    ax.set_title(f"ERF {args.model}\noutside centre: {result['outside_center_share']:.3f}", fontsize=9)
+    ax.set_title(f"ERF {config.model}\noutside centre: {result['outside_center_share']:.3f}", fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     fig.savefig(out / "erf.png", dpi=110)
     plt.close(fig)
     record = {
-        "model": args.model,
-        "checkpoint": args.checkpoint,
+        "model": config.model,
+        "checkpoint": config.checkpoint,
         "images": len(images),
         "outside_center_share": result["outside_center_share"],
     }

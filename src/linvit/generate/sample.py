@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 
+from ..config import Config
 from ..distributed import resolve_device
 from ..errors import UsageError
 from ..models import create_dit
@@ -76,25 +78,51 @@ def class_list(text: str, num_classes: int) -> list[int]:
     return classes
 
 
-def run_generate_sample(args) -> torch.Tensor:
+@dataclasses.dataclass
+class SamplingConfig(Config):
+    """What every command sampling a `generate train` run shares: the run, how many samples, DDIM's settings."""
+
+    checkpoint: str | None = None  # the run folder
+    num: int = 64
+    steps: int = 50  # DDIM steps
+    guidance: float = 2.0  # classifier-free guidance scale (1 = none)
+    seed: int = 0
+    device: str = "auto"
+    progress: bool = True
+
+
+@dataclasses.dataclass
+class SampleConfig(SamplingConfig):
+    """`linvit generate sample`: a grid PNG (and .npz) of chosen classes, at the run's side or another."""
+
+    classes: str | None = None  # "0,1,2"; None: every class
+    side: int | None = None  # the samples' square side; None: the run's
+    output: str | None = None  # the grid PNG
+
+
+def run_generate_sample(config: SampleConfig) -> torch.Tensor:
+    """Sample, then write the grid and the samples with their labels (.npz next to it)."""
     from torchvision.utils import save_image
 
-    model, info = load_generator(args.checkpoint)
-    device = resolve_device(args.device)
+    if not config.output:
+        raise UsageError("give --output GRID.png")
+    model, info = load_generator(config.checkpoint)
+    device = resolve_device(config.device)
     model.to(device)
-    classes = class_list(args.classes, info["num_classes"]) if args.classes else list(range(info["num_classes"]))
-    labels = torch.tensor([classes[i % len(classes)] for i in range(args.num)], device=device)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    bar = (lambda steps: tqdm(steps, desc="sampling", unit="step")) if args.progress else None
+    classes = class_list(config.classes, info["num_classes"]) if config.classes else list(range(info["num_classes"]))
+    labels = torch.tensor([classes[i % len(classes)] for i in range(config.num)], device=device)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    bar = (lambda steps: tqdm(steps, desc="sampling", unit="step")) if config.progress else None
     images = sample_images(
-        model, info, labels, args.steps, args.guidance, generator, img_size=args.img_size, progress=bar
+        model, info, labels, config.steps, config.guidance, generator, img_size=config.side, progress=bar
     )
-    out = Path(args.out)
+    out = Path(config.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     # a kill leaves the old files or none, never a torn one; re-running reproduces them (seeded)
     arrays = dict(images=images.numpy(), labels=labels.cpu().numpy())
     atomic_write(out.with_suffix(".npz"), lambda tmp: np.savez_compressed(tmp, **arrays))
-    nrow = max(1, min(len(classes), args.num)) if len(classes) > 1 else 8
+    nrow = max(1, min(len(classes), config.num)) if len(classes) > 1 else 8
     atomic_write(out, lambda tmp: save_image(images, tmp, nrow=nrow, padding=1))
-    print(f"wrote {out} ({args.num} samples of classes {classes}, {args.steps} DDIM steps, guidance {args.guidance})")
+    steps = f"{config.steps} DDIM steps, guidance {config.guidance}"
+    print(f"wrote {out} ({config.num} samples of classes {classes}, {steps})")
     return images

@@ -8,6 +8,7 @@ downloaded here). Both depend on the classifier: compare generators scored by th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from ..data.digit_tasks import digits_split, is_digits_spec
 from ..distributed import resolve_device
 from ..errors import UsageError
 from ..utils.checkpoint import atomic_write_text
-from .sample import load_generator, run_codec, sample_images
+from .sample import SamplingConfig, load_generator, run_codec, sample_images
 
 
 def load_classifier(run: str | Path) -> torch.nn.Module:
@@ -80,47 +81,61 @@ def real_images(data: str, split: str, count: int) -> tuple[torch.Tensor, torch.
     return torch.stack([item[0][:1] for item in items]), torch.tensor([int(item[1]) for item in items])
 
 
-def run_generate_score(args) -> dict:
-    generator, info = load_generator(args.checkpoint)
-    classifier = load_classifier(args.classifier)
-    device = resolve_device(args.device)
+@dataclasses.dataclass
+class ScoreConfig(SamplingConfig):
+    """`linvit generate score`: num samples (classes in turn) and as many real val images, judged by classifier."""
+
+    num: int = 500
+    classifier: str | None = None  # a `linvit train` run folder trained on the same digits
+    batch_size: int = 100
+    json: str | None = None  # also write the numbers to this file
+
+
+def run_generate_score(config: ScoreConfig) -> dict:
+    """Class accuracy and Frechet distance of the run's samples in the classifier's features, with the same two
+    numbers for real images beside them (their scale)."""
+    if not config.classifier:
+        raise UsageError("give --classifier RUN (a `linvit train` run folder)")
+    generator, info = load_generator(config.checkpoint)
+    classifier = load_classifier(config.classifier)
+    device = resolve_device(config.device)
     generator.to(device)
     classifier.to(device)
-    classes = info["num_classes"]
-    labels = torch.arange(args.num, device=device) % classes
-    gen = torch.Generator(device=device).manual_seed(args.seed)
+    num, batch = config.num, config.batch_size
+    labels = torch.arange(num, device=device) % info["num_classes"]
+    gen = torch.Generator(device=device).manual_seed(config.seed)
     codec = run_codec(info, device)
     samples, start_time = [], time.perf_counter()
-    for start in tqdm(range(0, args.num, args.batch_size), desc="sampling", unit="batch", disable=not args.progress):
-        chunk = labels[start : start + args.batch_size]
-        samples.append(sample_images(generator, info, chunk, args.steps, args.guidance, gen, codec=codec))
+    for start in tqdm(range(0, num, batch), desc="sampling", unit="batch", disable=not config.progress):
+        chunk = labels[start : start + batch]
+        samples.append(sample_images(generator, info, chunk, config.steps, config.guidance, gen, codec=codec))
     sampling_seconds = time.perf_counter() - start_time
     logits, fake = classifier_outputs(classifier, torch.cat(samples))
-    val_images, val_labels = real_images(info["data"], "val", args.num)
+    val_images, val_labels = real_images(info["data"], "val", num)
     real_logits, real = classifier_outputs(classifier, val_images)
-    _, other_real = classifier_outputs(classifier, real_images(info["data"], "test", args.num)[0])
+    _, other_real = classifier_outputs(classifier, real_images(info["data"], "test", num)[0])
     result = {
         "class_accuracy": float((logits.argmax(1) == labels.cpu()).float().mean()),
         "frechet_distance": frechet_distance(real.numpy(), fake.numpy()),
         # the scale of both numbers: the classifier on real val images, and two real sets (val vs test) apart
         "real_class_accuracy": float((real_logits.argmax(1) == val_labels).float().mean()),
         "real_frechet_distance": frechet_distance(real.numpy(), other_real.numpy()),
-        "samples": args.num,
+        "samples": num,
         "real_images": len(real),
         "sampling_seconds": sampling_seconds,
         "device": str(device),
-        "steps": args.steps,
-        "guidance": args.guidance,
-        "seed": args.seed,
-        "generator": str(args.checkpoint),
-        "classifier": str(args.classifier),
+        "steps": config.steps,
+        "guidance": config.guidance,
+        "seed": config.seed,
+        "generator": str(config.checkpoint),
+        "classifier": str(config.classifier),
         "mixer": info["mixer"],
     }
     print(
         f"class accuracy {100 * result['class_accuracy']:.1f}% (real images {100 * result['real_class_accuracy']:.1f}%)"
         f"  Frechet distance {result['frechet_distance']:.3f} (real val vs test {result['real_frechet_distance']:.3f})"
     )
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(json.dumps(result, indent=2), Path(args.json))  # a kill never leaves half a JSON
+    if config.json:
+        Path(config.json).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(json.dumps(result, indent=2), Path(config.json))  # a kill never leaves half a JSON
     return result

@@ -91,6 +91,25 @@ def apply_variant(model: nn.Module, variant: str | None) -> nn.Module:
     return model
 
 
+def pretrained_overlay(name: str, path: str | Path) -> dict:
+    """timm's pretrained_cfg_overlay that loads weights from a local file (.pth/.pt/.safetensors).
+
+    The overlay states how many classes the file's classifier has, so timm keeps that classifier when the
+    model has as many and replaces it (a new head) when it has another number, as with any timm checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: pretrained file not found")
+    try:
+        state = timm.models.load_state_dict(str(path), weights_only=True)
+    except Exception as err:  # noqa: BLE001 - unpickling refusals, corrupt files
+        raise UsageError(f"{path}: cannot read checkpoint safely ({type(err).__name__}: {err})") from err
+    classifier = timm.models.get_pretrained_cfg(name).classifier if timm.models.get_pretrained_cfg(name) else None
+    heads = [classifier] if isinstance(classifier, str) else list(classifier or [])
+    weight = state.get(f"{heads[0]}.weight") if heads else None
+    return dict(file=str(path), num_classes=0 if weight is None else int(weight.shape[0]))
+
+
 def create_model(
     spec: str,
     img_size: int | tuple[int, int] | None = None,
@@ -105,13 +124,11 @@ def create_model(
     img_size builds the model for that input where it takes the argument; any_size resamples the position
     embeddings per input where it has them. pretrained_file loads starting weights from a local file through
     timm's pretrained path (the model's checkpoint filter resamples position embeddings and fills InfSA
-    discounts missing from a softmax checkpoint; see linvit.weights.pretrained_overlay).
+    discounts missing from a softmax checkpoint; see pretrained_overlay).
     """
     name, variant = split_name(spec)
     check_model_name(name)
     if pretrained_file is not None:
-        from ..weights import pretrained_overlay  # linvit.weights imports the models
-
         kwargs.update(pretrained=True, pretrained_cfg_overlay=pretrained_overlay(name, pretrained_file))
     optional = {"img_size": img_size} if img_size is not None else {}
     optional.update({"dynamic_img_size": True} if any_size else {})

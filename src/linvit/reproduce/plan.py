@@ -156,7 +156,7 @@ class Planner:
         return ["--img-size", str(task.canvas), "--crop-pct", "1.0"]
 
     def data(self, task: Task) -> Stage:
-        argv = ["data", "digits", "--out", self.folder(task), "--task", task.name]
+        argv = ["data", "digits", "--output", self.folder(task), "--task", task.name]
         argv += ["--canvas", str(task.canvas), "--clutter", str(task.clutter), "--seed", "0"]
         return Stage(f"data/{task.name}", argv, [f"data/{task.name}/boxes.json", f"data/{task.name}/meta.json"], 5)
 
@@ -194,7 +194,7 @@ class Planner:
         name = run_name(task.name, family, seed)
         argv = self.analysis_argv("explain", task, family, seed)
         argv += ["--split", "val", "--limit", str(self.recipe.explain_images), "--method", MAP_METHOD[family]]
-        argv += ["--out", f"{self.out}/explain/{name}"]
+        argv += ["--output", f"{self.out}/explain/{name}"]
         outputs = [f"explain/{name}/metrics.json", f"explain/{name}/maps.npz"]
         info = {"task": task.name, "family": family, "seed": seed}
         seconds = 0.02 * self.recipe.explain_images * COST[family]
@@ -204,7 +204,7 @@ class Planner:
         name = run_name(task.name, family, seed)
         argv = self.analysis_argv("spectral", task, family, seed)
         argv += ["--split", "val", "--limit", str(self.recipe.spectral_images)]
-        argv += ["--out", f"{self.out}/spectral/{name}.json"]
+        argv += ["--output", f"{self.out}/spectral/{name}.json"]
         info = {"task": task.name, "family": family, "seed": seed}
         inputs = self.analysis_inputs(task, family, seed)
         return Stage(f"spectral/{name}", argv, [f"spectral/{name}.json"], 4, info, inputs)
@@ -212,7 +212,7 @@ class Planner:
     def erf(self, task: Task, family: str, seed: int) -> Stage:
         name = run_name(task.name, family, seed)
         argv = self.analysis_argv("erf", task, family, seed)
-        argv += ["--split", "val", "--limit", str(self.recipe.erf_images), "--out", f"{self.out}/erf/{name}"]
+        argv += ["--split", "val", "--limit", str(self.recipe.erf_images), "--output", f"{self.out}/erf/{name}"]
         info = {"task": task.name, "family": family, "seed": seed}
         outputs = [f"erf/{name}/erf.json", f"erf/{name}/erf.npy"]
         return Stage(f"erf/{name}", argv, outputs, 3, info, self.analysis_inputs(task, family, seed))
@@ -240,9 +240,9 @@ class Planner:
         common = ["--device", self.device, "--iters", str(r.bench_iters), "--warmup", "1", "--timeout", "600"]
         family = ["bench", "--models", ",".join(FAMILY_4L), "--res", ",".join(map(str, family_res)), *common]
         family += ["--mem-limit", "20", "--reference", "vit_4l_patch16_224,vit_4l_patch16_224:naive"]
-        family += ["--out", f"{self.out}/bench/family4l"]
+        family += ["--output", f"{self.out}/bench/family4l"]
         wf = ["bench", "--models", ",".join(WF_VS_DEIT), "--res", ",".join(map(str, wf_res)), *common]
-        wf += ["--reference", "deit_tiny_patch16_224", "--out", f"{self.out}/bench/weightformer"]
+        wf += ["--reference", "deit_tiny_patch16_224", "--output", f"{self.out}/bench/weightformer"]
         seconds = 0.03 * r.bench_iters * sum((res / 224) ** 2 for res in family_res)
         return [
             Stage("bench/family4l", family, ["bench/family4l/bench.json"], 20 + 5 * seconds * len(FAMILY_4L)),

@@ -142,7 +142,7 @@ def markdown(report: dict, figures: list[str]) -> str:
         "",
         "## Commands",
         "",
-        "Every stage, in order (also `commands.sh`); re-running `linvit reproduce` with the same --out reuses "
+        "Every stage, in order (also `commands.sh`); re-running `linvit reproduce` with the same --output reuses "
         f"finished stages. Recipe: `{json.dumps(report['recipe'])}`.",
         "",
         "<details><summary>all commands</summary>",

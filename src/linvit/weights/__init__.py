@@ -3,11 +3,11 @@
 - files.py       one file, read safely: .pth/.pt (weights_only) or .safetensors, state-dict wrappers and
                  'module.' unwrapped, the EMA weights chosen, a foreign file named as what it is
 - load.py        weights into a model (strict, one-line errors), a classifier into a backbone, the WeightFormer
-                 release's checkpoints (load_checkpoint), a local file as timm's starting weights
-                 (pretrained_overlay, what ``create_model(..., pretrained_file=...)`` uses)
+                 release's checkpoints (load_checkpoint) (a local file as timm's
+                 starting weights is models.variants.pretrained_overlay, below this package)
 - run_folder.py  what a run folder says: config.json, which weights model.safetensors holds, args.yaml
                  (use_run_folder: `eval --checkpoint RUN` rebuilds the run's model without being told it)
-- rebuild.py     models rebuilt so saved weights fit: load_run (any run folder), create_for_checkpoint
+- rebuild.py     models rebuilt so saved weights fit: create_for_checkpoint (linvit.runs.load_run: any run folder)
 
 Hub ids need nothing here: ``hf-hub:ORG/REPO`` names and the PUBLISHED WeightFormer weights
 (linvit.models._cfg) load through timm's own pretrained path, in linvit.models.create_model.
@@ -21,9 +21,8 @@ from .load import (
     load_backbone,
     load_checkpoint,
     load_weights,
-    pretrained_overlay,
 )
-from .rebuild import create_for_checkpoint, height_width, load_run
+from .rebuild import create_for_checkpoint, height_width
 from .run_folder import (
     INPUT_ARGS,
     MODEL_ARGS,
@@ -48,9 +47,7 @@ __all__ = [
     "load_and_convert",
     "load_backbone",
     "load_checkpoint",
-    "load_run",
     "load_weights",
-    "pretrained_overlay",
     "read_file",
     "read_run_config",
     "read_weights",

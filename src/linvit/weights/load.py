@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import timm
 import torch.nn as nn
 
 from ..conversion import convert_if_asked
@@ -79,20 +78,3 @@ def load_checkpoint(model: WeightFormer, path: str | Path, strict: bool = True) 
     own loader reads it (its "model" weights; see weightformer.checkpoint_filter_fn), without executing code."""
     model.load_state_dict(weightformer.checkpoint_filter_fn(read_file(path), model), strict=strict)
     return model
-
-
-def pretrained_overlay(name: str, path: str | Path) -> dict:
-    """timm's pretrained_cfg_overlay that loads weights from a local file (.pth/.pt/.safetensors).
-
-    The overlay states how many classes the file's classifier has, so timm keeps that classifier when the
-    model has as many and replaces it (a new head) when it has another number, as with any timm checkpoint.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: pretrained file not found")
-    state, _ = read_weights(path)  # only its classifier's shape is read here; timm loads the file itself
-    cfg = timm.models.get_pretrained_cfg(name)
-    classifier = cfg.classifier if cfg else None
-    heads = [classifier] if isinstance(classifier, str) else list(classifier or [])
-    weight = state.get(f"{heads[0]}.weight") if heads else None
-    return dict(file=str(path), num_classes=0 if weight is None else int(weight.shape[0]))
