@@ -91,7 +91,7 @@ def test_sample_writes_a_grid_of_the_asked_classes(tmp_path, mixer):
     )
     out = tmp_path / "grid.png"
     argv = ["generate", "sample", "--checkpoint", str(run), "--classes", "3,7", "--num", "4", "--steps", "4"]
-    assert cli_main([*argv, "--out", str(out), "--no-progress"]) == 0
+    assert cli_main([*argv, "--output", str(out), "--no-progress"]) == 0
     saved = np.load(out.with_suffix(".npz"))
     assert saved["images"].shape == (4, 1, 32, 32) and saved["labels"].tolist() == [3, 7, 3, 7]
     assert 0 <= saved["images"].min() and saved["images"].max() <= 1
@@ -100,10 +100,10 @@ def test_sample_writes_a_grid_of_the_asked_classes(tmp_path, mixer):
     model = linvit.load_run(run)  # a generation run reloads in Python like any other run folder
     assert type(model).__name__ == "DiT" and model.mixer == mixer and model.label_names == [str(d) for d in range(10)]
     again = tmp_path / "again.png"
-    assert cli_main([*argv, "--out", str(again), "--no-progress"]) == 0
+    assert cli_main([*argv, "--output", str(again), "--no-progress"]) == 0
     assert np.array_equal(np.load(again.with_suffix(".npz"))["images"], saved["images"])  # seeded
-    assert cli_main([*argv[:-4], "--classes", "12", "--out", str(again)]) == 2  # the run has 10 classes
-    assert cli_main(["generate", "sample", "--checkpoint", str(tmp_path), "--out", str(again)]) == 2
+    assert cli_main([*argv[:-4], "--classes", "12", "--output", str(again)]) == 2  # the run has 10 classes
+    assert cli_main(["generate", "sample", "--checkpoint", str(tmp_path), "--output", str(again)]) == 2
 
 
 def test_the_loss_noises_with_diffusers_schedule():
@@ -205,7 +205,7 @@ def test_bench_generate_times_a_guided_sampling_step_and_a_training_step():
 
 
 def test_bench_generate_names_the_mixers_it_takes(tmp_path, capsys):
-    argv = ["bench", "--task", "generate", "--models", "vit_4l_patch16_224", "--res", "16", "--out", str(tmp_path)]
+    argv = ["bench", "--task", "generate", "--models", "vit_4l_patch16_224", "--res", "16", "--output", str(tmp_path)]
     assert cli_main(argv) == 2
     assert "--task generate takes DiT mixers as --models (softmax, pure, linear, katz, weightformer)" in (
         capsys.readouterr().err
@@ -251,7 +251,7 @@ def test_latent_diffusion_trains_on_the_vaes_latents_and_samples_pictures(tmp_pa
     assert np.isfinite(_metrics(run)[-1]["val_loss"])
     out = tmp_path / "grid.png"
     sample = ["generate", "sample", "--checkpoint", str(run), "--classes", "1,2", "--num", "2", "--steps", "3"]
-    assert cli_main([*sample, "--out", str(out), "--no-progress"]) == 0
+    assert cli_main([*sample, "--output", str(out), "--no-progress"]) == 0
     images = np.load(out.with_suffix(".npz"))["images"]
     assert images.shape == (2, 3, 32, 32) and 0 <= images.min() and images.max() <= 1  # decoded to pixels
     assert cli_main([*sample, "--side", "48", "--output", str(out), "--no-progress"]) == 0
@@ -332,10 +332,10 @@ def test_sample_a_run_trained_without_label_dropout(tmp_path, capsys):
     assert cli_main(train) == 0
     out = tmp_path / "grid.png"
     argv = ["generate", "sample", "--checkpoint", str(run), "--classes", "3,7", "--num", "2", "--steps", "2"]
-    assert cli_main([*argv, "--out", str(out), "--no-progress", "--guidance", "1"]) == 0
+    assert cli_main([*argv, "--output", str(out), "--no-progress", "--guidance", "1"]) == 0
     assert np.load(out.with_suffix(".npz"))["images"].shape == (2, 1, 32, 32)
     capsys.readouterr()
-    assert cli_main([*argv, "--out", str(out), "--no-progress"]) == 2
+    assert cli_main([*argv, "--output", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--class-dropout" in err and len(err.splitlines()) == 1, err
 
