@@ -10,6 +10,7 @@ the ones it lacks.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,6 +59,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def default_workers() -> int:
+    """Data-loading processes when none are asked for: one per core, at most 4 (the CLI's --workers default)."""
+    return min(4, os.cpu_count() or 1)
+
+
 @dataclasses.dataclass
 class TrainConfig(Config):
     """What every training task shares: where the run goes, the optimisation recipe, the runtime.
@@ -78,7 +84,7 @@ class TrainConfig(Config):
     clip_grad: float | None = None
     seed: int = 0
     resume: str | None = None
-    workers: int = 2
+    workers: int = dataclasses.field(default_factory=default_workers)
     amp: str = "none"
     device: str = "auto"
     compile: str = "off"

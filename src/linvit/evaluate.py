@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from timm.data import create_transform, resolve_data_config
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from .config import Config
+from .config import Config, default_workers
 from .data import SafeImageFolder, collate_images
 from .data.digit_tasks import digits_split, is_digits_spec
 from .distributed import all_reduce_sum, cleanup, init_distributed
@@ -108,7 +107,7 @@ class EvalConfig(Config):
     img_size: int | list[int] | None = None
     crop_pct: float | None = None
     batch_size: int = 64
-    workers: int = dataclasses.field(default_factory=lambda: min(4, os.cpu_count() or 1))
+    workers: int = dataclasses.field(default_factory=default_workers)
     amp: str = "none"
     device: str = "auto"
     compile: str = "off"

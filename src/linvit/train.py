@@ -9,7 +9,6 @@ and the final model folder are linvit.engine's (fit).
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import torch.nn as nn
@@ -29,10 +28,6 @@ from .evaluate import autocast, eval_loader, evaluate, image_split
 from .models import create_variant
 
 
-def _workers() -> int:
-    return min(4, os.cpu_count() or 1)
-
-
 @dataclasses.dataclass
 class ClassifyConfig(TrainConfig):
     """`linvit train`: the DeiT recipe's defaults (300 epochs, lr 5e-4 per 512 images, RandAugment, Mixup 0.8,
@@ -48,7 +43,6 @@ class ClassifyConfig(TrainConfig):
     train_split: str = "train"
     val_split: str = "val"
     epochs: int = 300
-    workers: int = dataclasses.field(default_factory=_workers)
     base_lr: float = 5e-4
     min_lr: float | None = 1e-5
     warmup_lr: float | None = 1e-6

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -18,7 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from tqdm import tqdm
 
-from ..config import Config, TrainConfig
+from ..config import Config, TrainConfig, default_workers
 from ..distributed import distributed_session, is_distributed
 from ..engine import Parts, Run, Task, fit
 from ..errors import UsageError
@@ -27,10 +26,6 @@ from ..weights import load_weights, use_run_folder
 from .coco_eval import STAT_NAMES, coco_stats, to_coco_results
 from .data import CocoDetection, collate_detection, find_coco_split
 from .model import create_detector
-
-
-def _workers() -> int:
-    return min(4, os.cpu_count() or 1)
 
 
 @dataclasses.dataclass
@@ -58,7 +53,6 @@ class DetectConfig(TrainConfig, DetectorSpec):
     val_split: str = "val2017"
     epochs: int = 12
     batch_size: int = 2
-    workers: int = dataclasses.field(default_factory=_workers)
     lr: float | None = 1e-4
     hflip: float = 0.5
 
@@ -73,7 +67,7 @@ class DetectEvalConfig(DetectorSpec):
     images: str | None = None
     checkpoint: str | None = None
     batch_size: int = 2
-    workers: int = dataclasses.field(default_factory=_workers)
+    workers: int = dataclasses.field(default_factory=default_workers)
     amp: str = "none"
     device: str = "auto"
     progress: bool = True

@@ -10,7 +10,6 @@ one grey channel, fresh canvases every epoch) or an image folder with class subf
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import torch
@@ -32,10 +31,6 @@ from .latent import LatentCodec
 DEFAULT_LR = {"tiny": 1e-3, "S": 1e-4, "B": 1e-4, "L": 1e-4, "XL": 1e-4}
 
 
-def _workers() -> int:
-    return min(4, os.cpu_count() or 1)
-
-
 @dataclasses.dataclass
 class GenerateConfig(TrainConfig):
     """`linvit generate train`: a DiT of a size and mixer, DDPM noise prediction, EMA weights."""
@@ -46,7 +41,6 @@ class GenerateConfig(TrainConfig):
     img_size: int | None = None  # an image folder's images are resized and cropped to this side
     vae: str | None = None
     epochs: int = 30
-    workers: int = dataclasses.field(default_factory=_workers)
     lr: float | None = None  # DEFAULT_LR of the size
     weight_decay: float = 0.0
     clip_grad: float | None = 1.0

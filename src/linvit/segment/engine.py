@@ -8,7 +8,6 @@ metrics.jsonl and model.safetensors at the end.
 from __future__ import annotations
 
 import dataclasses
-import os
 from functools import partial
 
 import torch
@@ -16,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..config import Config, TrainConfig
+from ..config import Config, TrainConfig, default_workers
 from ..conversion import convert_if_asked
 from ..distributed import all_reduce_tensor, distributed_session
 from ..engine import Parts, Run, Task, fit
@@ -26,10 +25,6 @@ from ..weights import load_backbone, load_weights, use_run_folder
 from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
 from .metrics import confusion_matrix, scores
 from .model import Segmenter, create_segmenter
-
-
-def _workers() -> int:
-    return min(4, os.cpu_count() or 1)
 
 
 @dataclasses.dataclass
@@ -54,7 +49,6 @@ class SegmentConfig(TrainConfig, SegmenterSpec):
     val_split: str = "val"
     epochs: int = 50
     batch_size: int = 8
-    workers: int = dataclasses.field(default_factory=_workers)
     lr: float | None = 1e-4
     hflip: float = 0.5
     crop_size: list[int] = dataclasses.field(default_factory=lambda: [512])
@@ -69,7 +63,7 @@ class SegmentEvalConfig(SegmenterSpec):
     split: str = "val"
     checkpoint: str | None = None
     batch_size: int = 8
-    workers: int = dataclasses.field(default_factory=_workers)
+    workers: int = dataclasses.field(default_factory=default_workers)
     amp: str = "none"
     device: str = "auto"
     flops_at: int | None = None
