@@ -1010,6 +1010,9 @@ def _config_keys(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def _config_value(p: argparse.ArgumentParser, action: argparse.Action, value, path: str):
     """value as the flag would have parsed it: typed, and within its choices."""
+    if value is None:
+        return None
+    many = action.nargs in ("+", "*") or isinstance(action.nargs, int)
     items = value if isinstance(value, list) and action.nargs is not None else [value]
     parsed = []
     for item in items:
@@ -1021,7 +1024,7 @@ def _config_value(p: argparse.ArgumentParser, action: argparse.Action, value, pa
         if action.choices is not None and item is not None and item not in action.choices:
             p.error(f"--config {path}: {action.dest}: {item!r} is not one of {list(action.choices)}")
         parsed.append(item)
-    return parsed if items is value else parsed[0]
+    return parsed if many or items is value else parsed[0]  # `crop_size: 48` for a nargs="+" flag is [48]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -126,3 +126,15 @@ def test_old_spellings_still_work_for_one_release_and_say_so(capsys, tmp_path):
     with pytest.raises(SystemExit):
         linvit_cli.parse_args(["export", "--model", "m"])
     assert "--output" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_a_config_file_value_parses_as_its_flag_would(tmp_path):
+    """`crop_size: 48` in a --config file is `--crop-size 48` ([48]), as `crop_size: [48, 64]` is `--crop-size 48 64`;
+    a single-valued flag stays a scalar, typed."""
+    config = tmp_path / "run.yaml"
+    for text, crop in (("crop_size: 48\n", [48]), ("crop_size: [48, 64]\n", [48, 64]), ("crop_size: '40'\n", [40])):
+        config.write_text(text + "epochs: '3'\n")
+        args = linvit_cli.parse_args(
+            ["segment", "train", "--data", "d", "--model", "m", "--output", "o", "--config", str(config)]
+        )
+        assert args.crop_size == crop and args.epochs == 3
