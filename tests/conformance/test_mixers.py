@@ -1,6 +1,6 @@
 """Every mixer layer (conformance_entries.mixer_entries) and functional op, in every precision (issue 39).
 
-The dtype contract (README "Numerics and precision"): a mixer returns what timm's Attention returns, the
+The dtype contract (docs/numerics.md): a mixer returns what timm's Attention returns, the
 autocast dtype under autocast and the input's dtype otherwise. A head whose scores are all zero (W_q = 0) or
 all negative stays finite in float16, forward and backward, under autocast and after `.half()`.
 """

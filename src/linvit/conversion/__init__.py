@@ -4,7 +4,7 @@ Converts timm ``Attention`` (ViT, DeiT, ...), ``torch.nn.MultiheadAttention`` (t
 ``nn.TransformerEncoder``) and Hugging Face ViT / DeiT / DINOv2 attention in place, keeping the pretrained
 projections; other attention classes convert through ``target_types`` and a small adapter
 (linvit.conversion.adapters). Masks reaching a converted layer are honoured by pure InfSA and refused by
-Linear- and Katz-InfSA. See README.md ("Converting pretrained models").
+Linear- and Katz-InfSA. See docs/conversion.md.
 """
 
 from .adapters import AttentionWeights, UnmappableAttention

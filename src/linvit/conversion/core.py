@@ -185,6 +185,31 @@ def convert(
         raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
     check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
     include, exclude = _patterns(include), _patterns(exclude)
+    adapters = _chosen_adapters(target_types)
+    report = ConversionReport(variant, gamma_init, include, exclude)
+    language = _language_model_layers(model, adapters, include, exclude, report)
+    if language:
+        model = convert_language_model(model, variant, gamma_init, language, report)
+        model.linvit_conversion = report
+        return model
+
+    def build(weights: AttentionWeights) -> nn.Module:
+        return build_layer(variant, weights, gamma_init, copy_weights, linear_variant)
+
+    plan = _replacements(model, adapters, include, exclude, build, report)
+    if plan[0][0] == "":
+        model = plan[0][1]  # the model is itself one attention module
+    else:
+        for name, replacement in plan:
+            _set_submodule(model, name, replacement)
+    _disable_fused_encoders(model)
+    mark_converted(model, variant, gamma_init, include, exclude, linear_variant)  # timm models reload converted
+    model.linvit_conversion = report
+    return model
+
+
+def _chosen_adapters(target_types) -> dict:
+    """The built-in adapters, extended by a {type: adapter} mapping or restricted to a list of types."""
     adapters = builtin_adapters()
     if isinstance(target_types, Mapping):
         adapters.update(target_types)
@@ -194,13 +219,12 @@ def convert(
         if missing:
             raise UsageError(f"no adapter for {missing}; pass target_types as a mapping {{type: adapter}}")
         adapters = {t: adapter_for(t, adapters) for t in wanted}
+    return adapters
 
-    report = ConversionReport(variant, gamma_init, include, exclude)
-    language = _language_model_layers(model, adapters, include, exclude, report)
-    if language:
-        model = convert_language_model(model, variant, gamma_init, language, report)
-        model.linvit_conversion = report
-        return model
+
+def _replacements(model, adapters, include, exclude, build, report) -> list[tuple[str, nn.Module]]:
+    """(module name, its InfSA replacement) for every selected attention module, outermost first; the rest are
+    recorded in the report as skipped. Raises before anything is replaced, so a failed conversion changes nothing."""
     plan: list[tuple[str, nn.Module]] = []
     inside: list[str] = []  # prefixes of modules already handled: their children are not attention layers
     for name, module in model.named_modules():
@@ -225,7 +249,7 @@ def convert(
         try:
             weights = _weights_of(adapter, module)
             weights.check(label)
-            layer = build_layer(variant, weights, gamma_init, copy_weights, linear_variant)
+            layer = build(weights)
         except UnmappableAttention as err:
             message = str(err) if str(err).startswith(label + ":") else f"{label}: {err}"
             raise UsageError(f"cannot convert {message}") from err
@@ -234,15 +258,7 @@ def convert(
         report.converted.append(ConvertedModule(label, _qualname(module), weights.num_heads, weights.dim))
     if not plan:
         raise UsageError(f"no attention layer to convert in {type(model).__name__}:\n{report}")
-    if plan[0][0] == "":
-        model = plan[0][1]  # the model is itself one attention module
-    else:
-        for name, replacement in plan:
-            _set_submodule(model, name, replacement)
-    _disable_fused_encoders(model)
-    mark_converted(model, variant, gamma_init, include, exclude, linear_variant)  # timm models reload converted
-    model.linvit_conversion = report
-    return model
+    return plan
 
 
 def _language_model_layers(model, adapters, include, exclude, report) -> list[tuple[str, nn.Module]]:
