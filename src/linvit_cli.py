@@ -1012,7 +1012,8 @@ def _config_value(p: argparse.ArgumentParser, action: argparse.Action, value, pa
     """value as the flag would have parsed it: typed, and within its choices."""
     if value is None:
         return None
-    many = action.nargs in ("+", "*") or isinstance(action.nargs, int)
+    takes_values = action.nargs in ("+", "*") or (isinstance(action.nargs, int) and action.nargs > 0)
+    many = takes_values and not isinstance(value, dict)
     items = value if isinstance(value, list) and action.nargs is not None else [value]
     parsed = []
     for item in items:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import settings
@@ -9,7 +11,8 @@ from hypothesis import settings
 settings.register_profile("linvit", deadline=None, max_examples=25, derandomize=True)
 settings.load_profile("linvit")
 
-torch.set_num_threads(2)
+# one thread per pytest-xdist worker (the README's `-n 2` runs two on a 2-core machine), two otherwise
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(autouse=True)

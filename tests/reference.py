@@ -75,3 +75,18 @@ def left_perron_numpy(A_hat):
     vals, vecs = np.linalg.eig(A_hat.T)
     vec = np.abs(np.real(vecs[:, np.argmax(np.real(vals))]))
     return vec / vec.sum()
+
+
+def causal_katz_series_ref(q, k, v, gamma, eps=1e-6, kind="elu+1", tol=1e-15):
+    """sum_{t>=1} gamma^t A^t V summed term by term (dense float64) for the causal, row-normalised operator
+    A_ij = phi(q_i) . phi(k_j) / (phi(q_i) . sum_{l<=i} phi(k_l) + eps), j <= i: no solve, no recurrence."""
+    D = q.shape[-1]
+    phi = (lambda t: torch.relu(t)) if kind == "relu" else (lambda t: torch.nn.functional.elu(t) + 1)
+    scores = torch.tril(phi(q.double() / D**0.5) @ phi(k.double() / D**0.5).transpose(-2, -1))
+    A = _gamma(gamma, q.shape[1]) * scores / (scores.sum(-1, keepdim=True) + eps)
+    term, total = v.double(), torch.zeros_like(v, dtype=torch.float64)
+    while True:  # ||gamma A||_inf <= max gamma < 1: the terms shrink geometrically
+        term = A @ term
+        total = total + term
+        if term.abs().max() <= tol * max(total.abs().max().item(), 1.0):
+            return total

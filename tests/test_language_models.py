@@ -1,6 +1,7 @@
-"""Pure InfSA in Hugging Face language models (issue 25 part 1), on tiny random models built from transformers'
-config classes (nothing is downloaded): the attention function equals linvit's masked op, no future token
-leaks, padding equals no padding, cached decoding equals recomputation, the discounts train."""
+"""Pure InfSA (issue 25 part 1) and causal Katz-InfSA (issue 36) in Hugging Face language models, on tiny random
+models built from transformers' config classes (nothing is downloaded): the attention function equals linvit's
+op, no future token leaks, padding equals no padding, cached decoding equals recomputation, the discounts
+train; Katz's cache keeps a fixed-size state instead of keys and values."""
 
 from __future__ import annotations
 
@@ -46,11 +47,14 @@ def _mistral():  # a window longer than every sequence here: the same path as fu
 FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen3": _qwen3, "mistral": _mistral}
 
 
-def _converted(family: str):
+CAUSAL_VARIANTS = ["pure_infsa", "katz_infsa"]
+
+
+def _converted(family: str, variant: str = "pure_infsa"):
     torch.manual_seed(0)
     model = FAMILIES[family]().eval()
     model.generation_config.pad_token_id = 0
-    return linvit.convert(model, "pure_infsa", gamma_init=0.8)
+    return linvit.convert(model, variant, gamma_init=0.8)
 
 
 class _Layer(torch.nn.Module):
@@ -75,19 +79,21 @@ def test_the_attention_function_is_linvits_masked_pure_infsa_in_float64():
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_conversion_reports_every_attention_layer(family):
-    model = _converted(family)
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS)
+def test_conversion_reports_every_attention_layer(variant, family):
+    model = _converted(family, variant)
     report = linvit.convert_report(model)
     layers = model.config.num_hidden_layers
     assert len(report.converted) == layers and not report.skipped
     assert all(c.heads == 4 and c.width == 32 for c in report.converted)
     assert [c.name for c in report.converted] == [n for n, m in model.named_modules() if hasattr(m, "infsa_theta")]
-    assert model.config._attn_implementation == "linvit_pure_infsa"
+    assert model.config._attn_implementation == f"linvit_{variant}"
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_no_future_token_reaches_an_earlier_output(family):
-    model = _converted(family)
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS)
+def test_no_future_token_reaches_an_earlier_output(variant, family):
+    model = _converted(family, variant)
     ids = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
     later = ids.clone()
     later[:, 6:] = (later[:, 6:] + 7) % VOCAB
@@ -108,8 +114,9 @@ def _left_padded(lengths: list[int], total: int, seed: int = 2) -> tuple[torch.T
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_a_left_padded_batch_gives_each_sequence_its_unpadded_outputs(family):
-    model = _converted(family)
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS)
+def test_a_left_padded_batch_gives_each_sequence_its_unpadded_outputs(variant, family):
+    model = _converted(family, variant)
     ids, mask = _left_padded([9, 5], 9)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
@@ -121,10 +128,11 @@ def test_a_left_padded_batch_gives_each_sequence_its_unpadded_outputs(family):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampling"])
-def test_cached_decoding_equals_recomputing_the_prefix(family, sample):
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS)
+def test_cached_decoding_equals_recomputing_the_prefix(variant, family, sample):
     """generate() with the KV cache (and linvit's row-norm state) on a left-padded batch: each step's logits
     equal a full forward of the same prefix without a cache, within 1e-5."""
-    model = _converted(family)
+    model = _converted(family, variant)
     ids, mask = _left_padded([8, 4], 8)
     torch.manual_seed(3)
     out = model.generate(
@@ -147,8 +155,9 @@ def test_cached_decoding_equals_recomputing_the_prefix(family, sample):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_gradients_reach_every_layers_discounts(family):
-    model = _converted(family).train()
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS)
+def test_gradients_reach_every_layers_discounts(variant, family):
+    model = _converted(family, variant).train()
     ids = torch.randint(1, VOCAB, (2, 8), generator=torch.Generator().manual_seed(4))
     model(ids, labels=ids).loss.backward()
     thetas = [m.infsa_theta for m in model.modules() if hasattr(m, "infsa_theta")]
@@ -157,10 +166,9 @@ def test_gradients_reach_every_layers_discounts(family):
     assert torch.allclose(torch.sigmoid(thetas[0].detach()), torch.tensor(0.8))  # gamma_init
 
 
-@pytest.mark.parametrize("variant", ["linear_infsa", "katz_infsa"])
-def test_pooled_variants_refuse_a_causal_model_saying_why(variant):
-    with pytest.raises(ValueError, match=f"{variant} pools every token into one summary, which has no causal form"):
-        linvit.convert(_llama(), variant)
+def test_linear_infsa_refuses_a_causal_model_saying_why():
+    with pytest.raises(ValueError, match="linear_infsa pools every token into one summary, which has no causal form"):
+        linvit.convert(_llama(), "linear_infsa")
 
 
 def test_a_reordered_cache_is_followed_by_the_row_norms():
@@ -178,10 +186,11 @@ def test_a_reordered_cache_is_followed_by_the_row_norms():
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_float16_logits_are_finite_and_close_to_float32(family):
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS)
+def test_float16_logits_are_finite_and_close_to_float32(variant, family):
     """Issue 39 item 1: .half() gave 100% NaN logits (position 0 sees only itself, so heads with no positive
     score there had gamma / (norm + eps) = inf in float16). Target: finite, within 1e-2 relative of float32."""
-    model = _converted(family)
+    model = _converted(family, variant)
     ids, mask = _left_padded([12, 7], 12)
     with torch.no_grad():
         full = model(ids, attention_mask=mask).logits
@@ -267,3 +276,74 @@ def test_a_decoding_step_compares_no_keys_on_the_host():
         with CountEqual():
             model(ids[:, :1], cache=cache, use_cache=True)
     assert CountEqual.calls == 0
+
+
+def test_katz_attention_function_is_linvits_causal_op_in_float64():
+    """Without a cache the layer computes ops.katz_causal on its heads; padded keys (the mask's columns no query
+    sees) are removed from every later position."""
+    from linvit.conversion.language_katz import katz_causal_attention
+    from linvit.ops.katz_causal import causal_katz_dense
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 8, dtype=torch.float64) for _ in range(3))
+    layer = _Layer(3)
+    gamma = torch.sigmoid(layer.infsa_theta)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    keep = torch.tensor([[True] * 9, [False, False] + [True] * 7])
+    for mask, key_mask in ((None, None), (causal[None, None], None), (causal & keep[:, None, None, :], keep)):
+        out, _ = katz_causal_attention(layer, q, k, v, mask)
+        expected = causal_katz_dense(q, k, v, gamma, key_mask=key_mask)
+        torch.testing.assert_close(out.transpose(1, 2), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_katz_decoding_keeps_a_fixed_size_state_not_keys():
+    """The cache's memory does not grow with the context: after 8 and after 24 tokens every layer holds the same
+    (B, H, d, D) + (B, H, d) state and no keys or values."""
+    model = _converted("llama", "katz_infsa")
+    ids = torch.randint(1, VOCAB, (1, 8), generator=torch.Generator().manual_seed(8))
+    sizes = []
+    for new in (1, 17):
+        out = model.generate(ids, max_new_tokens=new, do_sample=False, return_dict_in_generate=True)
+        cache = out.past_key_values
+        assert cache.get_seq_length() == 8 + new - 1
+        layers = cache.layers
+        assert all(type(layer).__name__ == "KatzStateLayer" and layer.keys.numel() == 0 for layer in layers)
+        sizes.append([tuple(t.shape) for layer in layers for t in layer.state])
+    assert sizes[0] == sizes[1] and sizes[0][0] == (1, 4, 8, 8)
+
+
+def test_katz_follows_beam_search_reorders():
+    model = _converted("llama", "katz_infsa")
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        cache.reorder_cache(torch.tensor([1, 1]))
+        step = model(ids[:, :1], cache=cache, use_cache=True).logits[:, -1]
+        full = model(torch.cat([ids[[1, 1]], ids[:, :1]], dim=1), use_cache=False).logits[:, -1]
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+    beams = model.generate(ids, num_beams=3, max_new_tokens=4, do_sample=False, attention_mask=torch.ones_like(ids))
+    assert beams.shape == (2, 10)
+
+
+def test_katz_refuses_a_cache_another_model_filled_and_cropping():
+    source = _llama().eval()
+    model = linvit.convert(copy.deepcopy(source), "katz_infsa")
+    ids = torch.randint(1, VOCAB, (1, 5), generator=torch.Generator().manual_seed(9))
+    cache = transformers.DynamicCache(config=source.config)
+    with torch.no_grad():
+        source(ids, cache=cache, use_cache=True)
+        with pytest.raises(ValueError, match="holding 5 tokens: pass a fresh DynamicCache"):
+            model(ids[:, :1], cache=cache, use_cache=True)
+        fresh = transformers.DynamicCache(config=model.config)
+        model(ids, cache=fresh, use_cache=True)
+    with pytest.raises(ValueError, match="cannot be cropped"):
+        fresh.crop(-1)
+
+
+def test_katz_refuses_an_encoder_in_one_line():
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+    )
+    with pytest.raises(ValueError, match="katz_infsa is not wired into transformers' encoders"):
+        linvit.convert(transformers.BertModel(cfg), "katz_infsa")

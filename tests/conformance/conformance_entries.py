@@ -115,7 +115,7 @@ def _lm_inputs(batch: int, dtype: torch.dtype, seed: int) -> tuple:
     return (torch.randint(1, LM_VOCAB, (batch, 12), generator=gen),)
 
 
-def _lm(family: str) -> nn.Module:
+def _lm(family: str, variant: str) -> nn.Module:
     import transformers
 
     if family == "gpt2":
@@ -132,7 +132,7 @@ def _lm(family: str) -> nn.Module:
             **{"num_key_value_heads": 2, **extra.get(family, {})},
         )
         source = getattr(transformers, f"{family}ForCausalLM")(config)
-    return linvit.convert(source.eval(), "pure_infsa", gamma_init=0.8)
+    return linvit.convert(source.eval(), variant, gamma_init=0.8)
 
 
 def lm_entries() -> list[Entry]:
@@ -140,7 +140,8 @@ def lm_entries() -> list[Entry]:
         import transformers  # noqa: F401
     except ImportError:
         return []
-    return [Entry(f"lm:{f}", "lm", lambda f=f: _lm(f), _lm_inputs) for f in ("gpt2", "Llama", "Qwen3", "Mistral")]
+    families, variants = ("gpt2", "Llama", "Qwen3", "Mistral"), ("pure_infsa", "katz_infsa")  # the causal ones
+    return [Entry(f"lm:{f}:{v}", "lm", lambda f=f, v=v: _lm(f, v), _lm_inputs) for v in variants for f in families]
 
 
 def model_entries() -> list[Entry]:

@@ -15,6 +15,7 @@ from conformance_entries import WIDTH, mixer_entries
 
 from conftest import rel_err
 from linvit.ops import katz_infsa, linear_infsa, pure_infsa
+from linvit.ops.katz_causal import causal_katz_chunked, causal_katz_recurrent
 
 MIXERS = mixer_entries()
 IDS = [m[0] for m in MIXERS]
@@ -77,6 +78,8 @@ OPS = {
     "pure-causal": _pure_causal,
     "linear": linear_infsa,
     "katz": katz_infsa,
+    "katz-causal-chunked": lambda q, k, v, g: causal_katz_chunked(q, k, v, g, feature_map="relu", chunk_size=8)[0],
+    "katz-causal-recurrent": lambda q, k, v, g: causal_katz_recurrent(q, k, v, g, feature_map="relu")[0],
 }
 
 

@@ -4,7 +4,8 @@ Converts timm ``Attention`` (ViT, DeiT, ...), ``torch.nn.MultiheadAttention`` (t
 ``nn.TransformerEncoder``) and Hugging Face ViT / DeiT / DINOv2 attention in place, keeping the pretrained
 projections; other attention classes convert through ``target_types`` and a small adapter
 (linvit.conversion.adapters). Masks reaching a converted layer are honoured by pure InfSA and refused by
-Linear- and Katz-InfSA. See docs/conversion.md.
+Linear- and Katz-InfSA; a causal language model converts to pure or causal Katz-InfSA
+(linvit.conversion.language, language_katz). See docs/conversion.md.
 """
 
 from .adapters import AttentionWeights, UnmappableAttention

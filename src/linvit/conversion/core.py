@@ -163,8 +163,8 @@ def convert(
     Args:
         model: any nn.Module holding timm ``Attention``, ``torch.nn.MultiheadAttention`` or Hugging Face
             ViT / DeiT / DINOv2 attention modules; or a transformers language model (GPT-2, Llama, Qwen3,
-            BERT, ...), which selects pure InfSA through transformers' attention interface
-            (linvit.conversion.language; Linear- and Katz-InfSA refuse causal models).
+            BERT, ...), which selects pure or causal Katz-InfSA through transformers' attention interface
+            (linvit.conversion.language, language_katz; Linear-InfSA refuses causal models).
         variant: "linear_infsa" (O(N), the paper's Linear-InfSA), "pure_infsa" (one normalised hop, honours
             masks) or "katz_infsa" (linvit's exact infinite-hop series in O(N)).
         gamma_init: initial discount of every head, in (0, 1); it trains (gamma = sigmoid(theta)).

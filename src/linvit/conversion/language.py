@@ -12,7 +12,9 @@ them beside the cache (one float32 per position, head and layer, attached to the
 that sees the cache the layer is called with). Beam search's reorders (Cache.reorder_cache) reorder it too; a
 cache that was cropped, slides or was filled by another model no longer lines up with it, which every step
 checks by shapes alone (no device read), refusing in one line.
-Linear- and Katz-InfSA pool every token into one summary, which has no causal form: they refuse causal models.
+Katz-InfSA converts causal models with its causal form (conversion/language_katz.py: linear time, a state in
+place of the key/value cache); Linear-InfSA pools every token into one summary, which has no causal form: it
+refuses causal models.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ STATE = "_linvit_row_sq"  # the attribute of a Cache that holds each layer's squ
 EPS = 1e-6
 CAUSAL_REFUSAL = (
     "{variant} pools every token into one summary, which has no causal form here: a causal language model "
-    "would see future tokens. Use variant='pure_infsa' (exact causal and padding masks, KV-cache decoding)"
+    "would see future tokens. Use variant='katz_infsa' (causal, linear time, no key/value cache) or "
+    "'pure_infsa' (quadratic, exact causal and padding masks)"
 )
 
 
@@ -70,22 +73,36 @@ def convert_language_model(model: nn.Module, variant: str, gamma_init: float, mo
         raise UsageError(
             "encoder-decoder models (cross-attention over the encoder) are not supported; decoders and encoders are"
         )
-    if variant != "pure_infsa" and is_causal_model(model, modules):
+    causal = is_causal_model(model, modules)
+    if variant == "katz_infsa" and causal:
+        from . import language_katz
+
+        language_katz.register()
+        _add_discounts(model, modules, gamma_init, report, language_katz.install_state_layer)
+        model.set_attn_implementation(language_katz.ATTENTION_NAME)
+        return model
+    if variant != "pure_infsa" and causal:
         raise UsageError(CAUSAL_REFUSAL.format(variant=variant))
     if variant != "pure_infsa":
-        raise UsageError(f"{variant} is not wired into transformers' attention interface; use variant='pure_infsa'")
+        raise UsageError(f"{variant} is not wired into transformers' encoders; use variant='pure_infsa'")
     _register()
+    _add_discounts(model, modules, gamma_init, report, _remember_cache)
+    model.set_attn_implementation(ATTENTION_NAME)
+    return model
+
+
+def _add_discounts(model, modules, gamma_init: float, report, pre_hook) -> None:
+    """One trainable discount per head (gamma = sigmoid(infsa_theta)) on every selected layer, and the hooks
+    that hand each call's cache to the attention function."""
     theta = math.log(gamma_init / (1.0 - gamma_init))
     for name, module in modules:
         heads = int(module.config.num_attention_heads)
         if not hasattr(module, "infsa_theta"):
             weight = next(module.parameters())
             module.infsa_theta = nn.Parameter(torch.full((heads,), theta, dtype=weight.dtype, device=weight.device))
-            module.register_forward_pre_hook(_remember_cache, with_kwargs=True)
+            module.register_forward_pre_hook(pre_hook, with_kwargs=True)
             module.register_forward_hook(_forget_cache)
         report.converted.append(_converted(name, module, heads))
-    model.set_attn_implementation(ATTENTION_NAME)
-    return model
 
 
 def _converted(name: str, module: nn.Module, heads: int):
@@ -103,7 +120,7 @@ def _remember_cache(module: nn.Module, args, kwargs) -> None:
 
 
 def _forget_cache(module: nn.Module, args, output) -> None:
-    module._linvit_cache = None  # the state lives on the cache; the layer keeps no reference to it
+    module._linvit_cache = module._linvit_katz_slot = None  # the state lives on the cache, not on the layer
 
 
 def _repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:

@@ -1,0 +1,166 @@
+"""Causal Katz-InfSA in Hugging Face language models: linear time, and decoding without a key/value cache.
+
+`linvit.convert(lm, "katz_infsa")` on a causal transformers model selects `katz_causal_attention` through the
+attention interface (as pure InfSA does, conversion/language.py), so rotary embeddings, grouped-query heads
+and masks stay the library's. The operator is linvit.ops.katz_causal (docs/spec/infsa.md 4.1): a forward pass
+without a cache runs the chunked form; with a cache, each layer's slot in the Cache object is a
+`KatzStateLayer`, which stores the running state (S, z) instead of keys and values, so decode memory stays
+flat in the context length. The slot is installed by a pre-hook that sees the cache the layer is called with
+(generate()'s DynamicCache, or one passed in); a slot another model already filled is refused in one line.
+Padding (a boolean mask from transformers) removes the padded keys from every state.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from transformers.cache_utils import CacheLayerMixin  # this module is imported only for transformers models
+
+from ..errors import UsageError
+from ..ops.common import accumulation_dtype
+from ..ops.katz_causal import CausalKatzState, causal_katz_chunked, causal_katz_recurrent
+
+ATTENTION_NAME = "linvit_katz_infsa"
+EPS = 1e-6
+# a DynamicCache's slots that a converted layer takes over while empty; a sliding window is not applied (the
+# state sees the whole prefix), as a pooled state cannot forget the keys that leave the window
+FRESH_SLOTS = ("DynamicLayer", "DynamicSlidingWindowLayer")
+
+
+class KatzStateLayer(CacheLayerMixin):
+    """One layer's slot in a transformers Cache: the causal Katz state and the number of tokens seen.
+
+    update() keeps no keys or values and hands back only the new ones; get_seq_length() is the count of tokens
+    seen, which is what position ids and masks are built from. Beam search's reorders and repeats apply to the
+    state; cropping (assisted decoding) cannot undo a pooled state and is refused."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+        self.state: CausalKatzState | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.keys = key_states.new_zeros(0)
+        self.values = value_states.new_zeros(0)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.seen += key_states.shape[-2]
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def _apply(self, fn) -> None:
+        if self.state is not None:
+            self.state = CausalKatzState(*(fn(t) for t in self.state))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._apply(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._apply(lambda t: t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise UsageError("causal Katz-InfSA's cache pools every token into one state: it cannot be cropped")
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def offload(self) -> None:
+        pass
+
+    def prefetch(self) -> None:
+        pass
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    def boolean_mask(*args, **kwargs):
+        """transformers' boolean masks (True = keep), never skipped: the padded keys are read from it."""
+        kwargs["allow_is_causal_skip"] = False
+        kwargs["allow_is_bidirectional_skip"] = False
+        return sdpa_mask(*args, **kwargs)
+
+    AttentionInterface.register(ATTENTION_NAME, katz_causal_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, boolean_mask)
+
+
+def install_state_layer(module: nn.Module, args, kwargs) -> None:
+    """Pre-hook: make this layer's slot of the cache it is called with a KatzStateLayer (before it is updated)."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    module._linvit_katz_slot = None
+    if cache is None:
+        return
+    idx = module.layer_idx
+    if getattr(cache, "layer_class_to_replicate", None) is not None:
+        while len(cache.layers) <= idx:
+            cache.layers.append(cache.layer_class_to_replicate())
+    if idx >= len(cache.layers):
+        raise UsageError(f"the cache has {len(cache.layers)} layers but attention layer {idx} is being called")
+    slot = cache.layers[idx]
+    if not isinstance(slot, KatzStateLayer):
+        if type(slot).__name__ not in FRESH_SLOTS or slot.get_seq_length() > 0:
+            raise UsageError(
+                f"causal Katz-InfSA keeps its state in the cache, but layer {idx}'s slot is a "
+                f"{type(slot).__name__} holding {slot.get_seq_length()} tokens: pass a fresh DynamicCache "
+                "(or none) to a converted model, not a static or sliding one or one another model filled"
+            )
+        slot = cache.layers[idx] = KatzStateLayer()
+    module._linvit_katz_slot = slot
+
+
+def _key_keep(attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
+    """(B, q) False for the new keys no query may see (padding); None when there is no mask. Causality is the
+    operator's own, and a sliding window is not applied (FRESH_SLOTS), so only padding is read from the mask."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dtype != torch.bool:  # an additive float mask: 0 keeps, a large negative removes
+        attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    return attention_mask[:, 0, :, -q_len:].any(dim=-2)
+
+
+def katz_causal_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function: causal Katz-InfSA of the new tokens, continuing the layer's state in
+    the cache when there is one. Returns (output (B, q, H, D), None)."""
+    from .language import _repeat_heads
+
+    if not hasattr(module, "infsa_theta"):  # a layer include/exclude left out: softmax attention, as before
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    heads, q_len = query.shape[1], query.shape[2]
+    slot = getattr(module, "_linvit_katz_slot", None)
+    if key.shape[2] != q_len:
+        raise UsageError("causal Katz-InfSA got cached keys: its cache keeps a state, not keys (use a DynamicCache)")
+    key, value = _repeat_heads(key, heads), _repeat_heads(value, heads)
+    gamma = torch.sigmoid(module.infsa_theta.to(accumulation_dtype(query)))
+    keep = _key_keep(attention_mask, q_len)
+    state = slot.state if slot is not None else None
+    if state is not None and q_len == 1:
+        out, state = causal_katz_recurrent(query, key, value, gamma, EPS, state=state, key_mask=keep)
+    else:
+        out, state = causal_katz_chunked(query, key, value, gamma, EPS, state=state, key_mask=keep)
+    if slot is not None:
+        slot.state = CausalKatzState(*(t.detach() for t in state))
+    out = nn.functional.dropout(out, dropout, training=module.training and dropout > 0)
+    return out.transpose(1, 2).contiguous(), None
