@@ -494,6 +494,43 @@ def _add_train_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train)
 
 
+def _add_distill_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "distill", help="linearize a pretrained softmax model: attention transfer, then distillation (torchrun)"
+    )
+    p.add_argument(
+        "--teacher",
+        required=True,
+        help="timm name, linvit run folder, torchvision:NAME or hf:PATH (image classifier or causal LM)",
+    )
+    p.add_argument("--teacher-file", default=None, help="the teacher's weights (.pth/.safetensors) for a model name")
+    p.add_argument("--pretrained", action="store_true", help="the teacher's published weights (timm's Hub path)")
+    p.add_argument("--model-kwargs", nargs="*", default={}, metavar="K=V", help="extra kwargs of a timm teacher")
+    p.add_argument(
+        "--data", required=True, help="images: DIR/<split>/<class>/* or digits:...; text (LM): a .txt file or folder"
+    )
+    p.add_argument("--mixer", choices=CONVERT_VARIANTS, default="katz_infsa", help="the student's attention")
+    p.add_argument(
+        "--stages",
+        choices=["both", "attention", "end-to-end"],
+        default="both",
+        help="attention transfer (OUT/attention), then end to end (OUT)",
+    )
+    p.add_argument("--transfer-epochs", type=POSITIVE, default=1, help="epochs of attention transfer")
+    p.add_argument("--transfer-lr", type=float, default=1e-3, help="learning rate of attention transfer")
+    p.add_argument("--lora-rank", type=NON_NEGATIVE, default=0, help="end to end: LoRA of this rank (0: every weight)")
+    p.add_argument("--temperature", type=float, default=1.0, help="softening of both models' logits")
+    p.add_argument("--hard-weight", type=float, default=0.0, help="share of the label loss (0: the teacher only)")
+    p.add_argument("--feature-weight", type=float, default=0.0, help="weight of each layer's output MSE")
+    p.add_argument("--img-size", type=POSITIVE, nargs="+", default=None, metavar="PX", help="input side (teacher's)")
+    p.add_argument("--train-split", default="train")
+    p.add_argument("--val-split", default="val")
+    p.add_argument("--context", type=POSITIVE, default=128, help="language models: tokens per training window")
+    _add_fit_args(p, epochs=10, lr=1e-4, warmup_epochs=0, lr_help="learning rate of the end-to-end stage")
+    _add_runtime_args(p, batch_size=64)
+    p.set_defaults(func=_distill)
+
+
 def _add_eval_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="top-1 / top-5 / loss of a checkpoint on a split")
     _add_common_data_args(p, model_required=False)
@@ -810,6 +847,12 @@ def _train(args: argparse.Namespace) -> None:
     run_train(_config(ClassifyConfig, args))
 
 
+def _distill(args: argparse.Namespace) -> None:
+    from linvit.distillation import DistillConfig, run_distill
+
+    run_distill(_config(DistillConfig, args, _check_optional_img_size))
+
+
 def _eval(args: argparse.Namespace) -> None:
     from linvit.evaluate import EvalConfig, run_eval
 
@@ -918,6 +961,7 @@ _COMMANDS = (
     _add_bench_command,
     _add_data_command,
     _add_train_command,
+    _add_distill_command,
     _add_eval_command,
     _add_explain_command,
     _add_spectral_command,

@@ -32,6 +32,7 @@ TIERS = {
     "detect": 5,
     "export": 5,
     "generate": 5,
+    "distillation": 5,
     "runs": 6,
     "inference": 6,
     "demo": 6,

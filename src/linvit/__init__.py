@@ -4,7 +4,8 @@
 works; ``linvit.create_model`` is timm's plus linvit's ``:variant`` suffix (``vit_4l_patch16_224:naive``), and
 ``linvit.list_models`` lists linvit's families. ``linvit.convert(model, variant)``
 puts InfSA into an existing timm / torchvision / Hugging Face model (linvit.conversion); ``linvit.load_run(RUN)``
-reloads any run folder (classification, segmentation, detection); ``linvit.load_image`` and ``linvit.predict`` run a
+reloads any run folder (classification, segmentation, detection, distillation); ``linvit.distill`` linearizes a
+pretrained softmax model (vision or language) by distillation; ``linvit.load_image`` and ``linvit.predict`` run a
 model on your own pictures (``linvit predict`` on the command line).
 """
 
@@ -38,6 +39,7 @@ __all__ = [
     "load_image",
     "predict",
     "explain",
+    "distill",
     "convert",
     "convert_report",
     "ops",
@@ -48,9 +50,14 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``linvit.explain`` without importing it (and matplotlib / scikit-learn) on ``import linvit``."""
+    """``linvit.explain`` and ``linvit.distill`` without importing them (and matplotlib, scikit-learn, the
+    trainer) on ``import linvit``."""
     if name == "explain":
         import importlib
 
         return importlib.import_module(".explain", __name__)
+    if name == "distill":  # the training machinery loads only when distilling
+        from .distillation import distill
+
+        return distill
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,11 +36,14 @@ def init_distributed(device: str = "auto") -> tuple[int, int, torch.device]:
 @contextmanager
 def distributed_session(device: str = "auto") -> Iterator[tuple[int, int, torch.device]]:
     """(rank, world_size, device) for a command's whole run: joins torchrun's process group (if launched by
-    torchrun) and leaves it however the command ends."""
+    torchrun) and leaves it however the command ends; inside another session (a command of several runs, such
+    as distill's stages) it joins nothing new and leaves nothing."""
+    outer = is_distributed()
     try:
         yield init_distributed(device)
     finally:
-        cleanup()
+        if not outer:
+            cleanup()
 
 
 def is_distributed() -> bool:

@@ -28,10 +28,15 @@ def load_run(path: str | Path) -> nn.Module:
         raise UsageError(f"{folder}: no {WEIGHTS} (a run that has not finished?)")
     info = config["linvit"]
     task = info.get("task", "classification")
-    if task == "classification":
+    if task == "classification" or (task == "distillation" and "architecture" in config):
         import timm
 
         model = timm.create_model(f"local-dir:{folder}", pretrained=True)
+    elif task == "distillation":  # a torchvision or Hugging Face student: rebuilt from its teacher's spec
+        from .distillation import rebuild_student
+
+        model = rebuild_student(info.get("args") or {})
+        load_weights(model, folder / WEIGHTS)
     elif task == "generation":
         from .generate.sample import load_generator
 

@@ -39,9 +39,21 @@ def save_model_folder(output: Path, model: nn.Module, info: dict, label_names: l
             model_config["label_names"] = list(label_names)
         save_for_hf(model, output, model_config=model_config, safe_serialization=True)
         return
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(output / WEIGHTS))
+    save_file(_unshared(model.state_dict()), str(output / WEIGHTS))
     config = {"linvit": info, **({"label_names": list(label_names)} if label_names else {})}
     atomic_write_text(json.dumps(config, indent=2, default=str), output / CONFIG)
+
+
+def _unshared(state: dict) -> dict:
+    """Contiguous tensors, a copy of each that shares memory with an earlier one (tied weights, such as a
+    language model's embeddings and output layer), which safetensors refuses to write twice."""
+    seen, out = set(), {}
+    for key, value in state.items():
+        value = value.contiguous()
+        pointer = value.untyped_storage().data_ptr()
+        out[key] = value.clone() if pointer in seen else value
+        seen.add(pointer)
+    return out
 
 
 def pretrained_data_fields(data_config: dict) -> dict:

@@ -96,4 +96,25 @@ def use_run_folder(config: C) -> tuple[C, Path | None]:
     for key in (MODEL_ARGS if config.model is None else ()) + INPUT_ARGS:
         if key in run and key in names and (key in MODEL_ARGS or getattr(config, key) is None):
             changes[key] = run[key]
+    if config.model is None and "model" not in run:
+        changes.update(_timm_folder_model(folder, config))
     return config.replace(**changes), folder
+
+
+def _timm_folder_model(folder: Path, config: Config) -> dict:
+    """The model of a run whose args.yaml names none (`linvit distill`: the student is a converted copy of its
+    teacher) from the timm config.json it wrote: its architecture, model_args (size and classes come from the
+    checkpoint, see create_for_checkpoint) and, unless given, the input size and crop it was trained with."""
+    found = read_run_config(folder)
+    if found is None or "architecture" not in found[1]:
+        return {}
+    data, names = found[1], config.field_names()
+    kwargs = {k: v for k, v in (data.get("model_args") or {}).items() if k not in ("img_size", "num_classes")}
+    changes = {"model": data["architecture"], **({"model_kwargs": kwargs} if "model_kwargs" in names else {})}
+    trained = data.get("pretrained_cfg") or {}
+    if "input_size" in trained and "img_size" in names and getattr(config, "img_size", None) is None:
+        height, width = trained["input_size"][1:]
+        changes["img_size"] = height if height == width else [height, width]  # as a run's args.yaml holds it
+    if "crop_pct" in trained and "crop_pct" in names and getattr(config, "crop_pct", None) is None:
+        changes["crop_pct"] = trained["crop_pct"]
+    return changes

@@ -1,0 +1,269 @@
+"""`linvit distill`: a pretrained softmax model (the teacher) linearized into a student with an InfSA mixer, as
+Tasks on the one trainer (linvit.engine.fit).
+
+Two stages, each a run of its own (resumable, torchrun DDP, progress bars):
+1. attention transfer (OUT/attention): every converted layer learns, by relative MSE, to give its teacher
+   layer's output on the teacher layer's input; only the converted layers train (distillation.transfer);
+2. end to end (OUT): the student's logits learn the teacher's (KL at --temperature), optionally the labels
+   (--hard-weight) and each layer's output (--feature-weight); every parameter trains, or LoRA adapters
+   (--lora-rank, peft), merged into the final model.
+OUT ends as a model folder like every run's; `linvit.load_run(OUT)` gives the student back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Subset
+
+from ..config import TrainConfig
+from ..data import collate_images
+from ..distributed import all_reduce_sum, barrier, distributed_session
+from ..engine import Parts, Run, Task, fit
+from ..errors import UsageError
+from ..evaluate import autocast, evaluate, image_split
+from ..utils.artifacts import WEIGHTS
+from ..weights import load_weights
+from .student import make_student, merged, train_only_converted_layers, with_lora
+from .teacher import Logits, Teacher, load_teacher, logits_of
+from .text import text_splits
+from .transfer import LayerTaps, layer_pairs
+
+STAGES = ("both", "attention", "end-to-end")
+
+
+@dataclasses.dataclass
+class DistillConfig(TrainConfig):
+    """`linvit distill`: the teacher, the student's mixer, the two stages' lengths and the losses' weights."""
+
+    teacher: str | None = None
+    teacher_file: str | None = None
+    pretrained: bool = False
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    mixer: str = "katz_infsa"
+    stages: str = "both"
+    transfer_epochs: int = 1
+    transfer_lr: float = 1e-3
+    lora_rank: int = 0
+    temperature: float = 1.0
+    hard_weight: float = 0.0
+    feature_weight: float = 0.0
+    img_size: list[int] | None = None
+    train_split: str = "train"
+    val_split: str = "val"
+    context: int = 128
+    epochs: int = 10
+    lr: float | None = 1e-4
+    warmup_epochs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.stages not in STAGES:
+            raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
+        if not 0.0 <= self.hard_weight <= 1.0:
+            raise UsageError(f"hard_weight is the labels' share of the loss, in [0, 1]; got {self.hard_weight}")
+        if self.temperature <= 0:
+            raise UsageError(f"temperature must be > 0, got {self.temperature}")
+
+
+class Distiller(nn.Module):
+    """The student and the loss of one stage. The teacher rides along unregistered: it is not saved, not
+    wrapped by DDP, not in the optimizer."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, taps: LayerTaps, stage: str, config, language: bool):
+        super().__init__()
+        self.student = student
+        self._teacher = (teacher,)
+        self.taps, self.stage, self.config, self.language = taps, stage, config, language
+
+    def _call(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        out = model(input_ids=inputs, use_cache=False) if self.language else model(inputs)
+        return logits_of(out)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        teacher = self._teacher[0]
+        if self.stage == "attention":
+            with self.taps.active(substitute=True):
+                with torch.no_grad():
+                    self._call(teacher, inputs)
+                self._call(self.student, inputs)
+                return self.taps.loss()
+        c = self.config
+        with self.taps.active(substitute=False) if c.feature_weight else nullcontext():
+            with torch.no_grad():
+                teacher_logits = self._call(teacher, inputs)
+            logits = self._call(self.student, inputs)
+            features = c.feature_weight * self.taps.loss() if c.feature_weight else 0.0
+        loss = (1 - c.hard_weight) * soft_target_loss(logits, teacher_logits, c.temperature)
+        if c.hard_weight:
+            loss = loss + c.hard_weight * F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+        return loss + features
+
+
+def soft_target_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher || student) of the softened distributions, times T^2 (Hinton et al.), mean over positions."""
+    t = temperature
+    student = F.log_softmax(logits.flatten(0, -2).float() / t, dim=-1)
+    teacher = F.log_softmax(teacher_logits.flatten(0, -2).float() / t, dim=-1)
+    return F.kl_div(student, teacher, log_target=True, reduction="batchmean") * t * t
+
+
+class Distillation(Task):
+    """One stage of `linvit distill` on images (class folders or the digits) or text (a causal LM)."""
+
+    name = "distillation"
+    command = "distill"
+
+    def __init__(self, stage: str, start_weights: Path | None = None) -> None:
+        self.stage, self.start_weights = stage, start_weights
+        self.teacher_numbers: dict | None = None
+
+    def build(self, config: DistillConfig, device, rank: int, world: int) -> Parts:
+        self.teacher = teacher = load_teacher(
+            config.teacher, config.teacher_file, config.pretrained, config.model_kwargs, config.img_size
+        )
+        student = make_student(teacher.model, config.mixer)
+        if self.start_weights is not None:
+            load_weights(student, self.start_weights)
+        taps = LayerTaps(layer_pairs(teacher.model, student))
+        if self.stage == "attention":
+            train_only_converted_layers(teacher.model, student)
+        elif config.lora_rank:
+            student = with_lora(student, config.lora_rank)
+        teacher.model.to(device)
+        build = _text_parts if teacher.language else _image_parts
+        train_set, val_loader, collate, labels = build(self, config, rank, world)
+        model = Distiller(student, teacher.model, taps, self.stage, config, teacher.language)
+        return Parts(model, train_set, val_loader, collate, labels)
+
+    def batch_loss(self, run: Run, batch) -> tuple[torch.Tensor, int]:
+        if self.teacher.language:
+            batch = batch.to(run.device, non_blocking=True)
+            inputs, targets = batch[:, :-1], batch[:, 1:]
+        else:
+            inputs, targets, _ = batch
+            inputs, targets = inputs.to(run.device, non_blocking=True), targets.to(run.device, non_blocking=True)
+        with autocast(run.device, run.config.amp):
+            return run.train_net(inputs, targets), len(inputs)
+
+    def evaluate(self, run: Run, epoch: int) -> dict:
+        """The student's val numbers beside the teacher's (measured once): top-1 and its share of the teacher's
+        (retention, %) for images; loss per token and its excess over the teacher's (loss_gap, %) for text."""
+        student, teacher = run.model.student, self.teacher.model
+        measure = _text_numbers if self.teacher.language else _image_numbers
+        if self.teacher_numbers is None:
+            self.teacher_numbers = {f"teacher_{k}": v for k, v in measure(teacher, run).items()}
+        numbers = {**measure(student, run), **self.teacher_numbers}
+        if self.teacher.language:
+            numbers["loss_gap"] = 100 * (numbers["val_loss"] / numbers["teacher_val_loss"] - 1)
+        else:
+            numbers["retention"] = 100 * numbers["val_top1"] / max(numbers["teacher_val_top1"], 1e-9)
+        return numbers
+
+    def final_model(self, run: Run) -> nn.Module:
+        return merged(run.model.student)
+
+    def run_info(self, run: Run) -> dict:
+        c = run.config
+        info = {"stage": self.stage, "teacher": c.teacher, "model": c.teacher, "mixer": c.mixer}
+        info["language"] = self.teacher.language
+        info.update(world_size=run.world, lr=c.lr, device=str(run.device))
+        if not self.teacher.language:
+            info.update(num_classes=self.num_classes, data_config=self.teacher.data_config)
+        return info
+
+    def summary(self, run: Run) -> str:
+        trainable = sum(p.numel() for p in run.model.student.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in run.model.student.parameters())
+        c = run.config
+        what = "attention transfer" if self.stage == "attention" else "end-to-end distillation"
+        return (
+            f"{what}: {c.teacher} -> {c.mixer}, {trainable:,} of {total:,} parameters train, "
+            f"{len(run.parts.train_set)} train samples, lr {c.lr:.3g}, world {run.world}"
+        )
+
+
+def _image_parts(task: Distillation, config: DistillConfig, rank: int, world: int):
+    """Both splits through the teacher's eval transform: the student learns the teacher on the data as it is."""
+    from timm.data import create_transform
+
+    teacher: Teacher = task.teacher
+    data_config = dict(teacher.data_config)
+    if config.img_size:
+        side = config.img_size
+        data_config["input_size"] = (3, side[0], side[-1])
+    transform = create_transform(**data_config, is_training=False)
+    train = image_split(config.data, config.train_split, transform, unreadable="replace")
+    val = image_split(config.data, config.val_split, transform)
+    task.num_classes = len(train.classes)
+    head = getattr(teacher.model, "num_classes", None) or getattr(
+        getattr(teacher.model, "config", None), "num_labels", 0
+    )
+    if head and head != task.num_classes:
+        raise UsageError(
+            f"the teacher predicts {head} classes but {config.data} has {task.num_classes}: distil on the data "
+            "the teacher was trained for (the student keeps the teacher's head)"
+        )
+    val_loader = DataLoader(Subset(val, range(rank, len(val), world)), config.batch_size, collate_fn=collate_images)
+    return train, val_loader, collate_images, list(train.classes)
+
+
+def _text_parts(task: Distillation, config: DistillConfig, rank: int, world: int):
+    vocab = task.teacher.model.get_output_embeddings().weight.shape[0]
+    train, val = text_splits(config.data, task.teacher.tokenizer, vocab, config.context)
+    if int(max(train.ids.max(), val.ids.max())) >= vocab:
+        raise UsageError(f"{config.data}: token ids reach {int(train.ids.max())} but the teacher has {vocab}")
+    val_loader = DataLoader(Subset(val, range(rank, len(val), world)), config.batch_size)
+    return train, val_loader, None, None
+
+
+def _image_numbers(model: nn.Module, run: Run) -> dict:
+    val = evaluate(Logits(model), run.parts.val_loader, run.device, run.config.amp)
+    return {"val_top1": val["top1"], "val_loss": val["loss"]}
+
+
+@torch.no_grad()
+def _text_numbers(model: nn.Module, run: Run) -> dict:
+    """Mean next-token cross-entropy (nats per token) over the validation windows, summed across ranks."""
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=run.device)
+    count = 0
+    for batch in run.parts.val_loader:
+        batch = batch.to(run.device)
+        with autocast(run.device, run.config.amp):
+            logits = logits_of(model(input_ids=batch[:, :-1], use_cache=False))
+        total += F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="sum").double()
+        count += batch[:, 1:].numel()
+    loss, count = all_reduce_sum([total.item(), count], run.device)
+    return {"val_loss": loss / max(count, 1)}
+
+
+def stage_configs(config: DistillConfig) -> list[tuple[str, DistillConfig]]:
+    """(stage, its config): the last stage writes OUT, attention transfer before it OUT/attention."""
+    transfer = {"epochs": config.transfer_epochs, "lr": config.transfer_lr}
+    if config.stages == "attention":
+        return [("attention", config.replace(**transfer))]
+    if config.stages == "end-to-end":
+        return [("end-to-end", config)]
+    first = config.replace(output=str(Path(config.output) / "attention"), **transfer)
+    return [("attention", first), ("end-to-end", config)]
+
+
+def run_distill(config: DistillConfig) -> nn.Module:
+    """`linvit distill`: every stage in turn (each resumes with --resume); returns the final student."""
+    if config.teacher is None or config.data is None or config.output is None:
+        raise UsageError("distill needs a teacher, data and an output folder")
+    start = None
+    with distributed_session(config.device):  # one process group for both stages
+        for stage, stage_config in stage_configs(config):
+            task = Distillation(stage, start)
+            fit(task, stage_config)
+            barrier()  # rank 0 has written the stage's model folder, which the next stage starts from
+            start = Path(stage_config.output) / WEIGHTS
+    student = make_student(task.teacher.model.cpu(), config.mixer)
+    load_weights(student, start)
+    return student.eval()

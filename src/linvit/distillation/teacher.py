@@ -1,0 +1,148 @@
+"""The teacher of `linvit distill`: a pretrained softmax model, from whichever place a user has one.
+
+Spellings of ``--teacher`` (docs/distill.md):
+- a timm name (``deit_tiny_patch16_224``), with ``--teacher-file`` weights or ``--pretrained`` (timm's Hub path);
+- a linvit run folder (a ``linvit train`` run: the model it trained, at its input size);
+- ``torchvision:NAME`` (``torchvision.models.get_model``), weights from ``--teacher-file``;
+- ``hf:PATH_OR_ID``: a Hugging Face image classifier or causal language model (``from_pretrained``; a local
+  folder offline), its tokenizer when the folder has one.
+The teacher is frozen and in eval mode; the student is a converted copy of it (linvit.distill.task).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..errors import UsageError
+from ..models import create_model
+from ..weights import load_weights, read_run_config
+
+IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "interpolation": "bilinear"}
+
+
+@dataclasses.dataclass
+class Teacher:
+    model: nn.Module
+    language: bool  # a causal language model (token ids in, next-token logits out)
+    data_config: dict | None = None  # vision: timm's data config (input_size, mean, std, crop_pct, ...)
+    tokenizer: object = None  # language: a Hugging Face tokenizer, or None for bytes
+
+
+def load_teacher(spec: str, file: str | None = None, pretrained: bool = False, model_kwargs=None, img_size=None):
+    """The frozen teacher named by spec (module docstring); file: its weights where the spec has none."""
+    if spec.startswith("hf:"):
+        teacher = _huggingface(spec[3:], file)
+    elif spec.startswith("torchvision:"):
+        teacher = _torchvision(spec.split(":", 1)[1], file, img_size)
+    elif Path(spec).exists():
+        teacher = _run_folder(spec, file)
+    else:
+        kwargs = dict(model_kwargs or {})
+        kwargs["pretrained"] = kwargs.get("pretrained", False) or pretrained  # the CLI folds --pretrained in
+        model = create_model(spec, img_size=img_size, pretrained_file=file, **kwargs)
+        teacher = Teacher(model, False, _timm_data_config(model))
+    teacher.model.eval().requires_grad_(False)
+    return teacher
+
+
+def _timm_data_config(model: nn.Module) -> dict:
+    from timm.data import resolve_data_config
+
+    return resolve_data_config({}, model=model)
+
+
+def _run_folder(path: str, file: str | None) -> Teacher:
+    found = read_run_config(path)
+    if found is None:
+        raise UsageError(f"--teacher {path}: not a linvit run folder (no config.json with a 'linvit' section)")
+    folder, config = found
+    task = config["linvit"].get("task", "classification")
+    if task != "classification" or "architecture" not in config:
+        raise UsageError(f"--teacher {path}: a {task} run; a teacher is a classifier (a `linvit train` run)")
+    if file is not None:
+        raise UsageError("--teacher-file goes with a model name; a run folder brings its own weights")
+    import timm
+
+    model = timm.create_model(f"local-dir:{folder}", pretrained=True)
+    return Teacher(model, False, _timm_data_config(model))
+
+
+def _torchvision(name: str, file: str | None, img_size) -> Teacher:
+    import torchvision
+
+    try:
+        model = torchvision.models.get_model(name, **({"image_size": img_size[0]} if img_size else {}))
+    except ValueError as err:
+        raise UsageError(f"--teacher torchvision:{name}: {err}") from err
+    if file is not None:
+        load_weights(model, file)
+    side = getattr(model, "image_size", 224)
+    return Teacher(model, False, {**IMAGENET, "input_size": (3, side, side), "crop_pct": 1.0, "crop_mode": "center"})
+
+
+def _huggingface(name: str, file: str | None) -> Teacher:
+    try:
+        import transformers
+    except ImportError as err:
+        raise UsageError('an hf: teacher needs transformers: pip install -e ".[hf]"') from err
+    if file is not None:
+        raise UsageError("--teacher-file goes with a timm or torchvision model; hf: teachers bring their weights")
+    try:
+        config = transformers.AutoConfig.from_pretrained(name)
+    except OSError as err:
+        raise UsageError(f"--teacher hf:{name}: {str(err).splitlines()[0]}") from err
+    architectures = config.architectures or []
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        model = transformers.AutoModelForCausalLM.from_pretrained(name)
+        return Teacher(model, True, tokenizer=_tokenizer(name))
+    model = transformers.AutoModelForImageClassification.from_pretrained(name)
+    side = getattr(config, "image_size", 224)
+    side = side if isinstance(side, int) else side[0]
+    mean, std = _hf_normalisation(name)
+    return Teacher(model, False, {**IMAGENET, "mean": mean, "std": std, "input_size": (3, side, side), "crop_pct": 1.0})
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def _tokenizer(name: str):
+    """The model's tokenizer, or None (a folder without tokenizer files): the text is then read as bytes."""
+    import transformers
+
+    if Path(name).is_dir() and not any((Path(name) / f).is_file() for f in TOKENIZER_FILES):
+        return None
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, TypeError):
+        return None
+    return tokenizer if len(tokenizer) > 0 else None
+
+
+def _hf_normalisation(name: str) -> tuple[tuple, tuple]:
+    import transformers
+
+    try:
+        processor = transformers.AutoImageProcessor.from_pretrained(name)
+        return tuple(processor.image_mean), tuple(processor.image_std)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return IMAGENET["mean"], IMAGENET["std"]
+
+
+def logits_of(output) -> torch.Tensor:
+    """The logits of any model's output: a tensor, or a Hugging Face ModelOutput's .logits."""
+    return output if isinstance(output, torch.Tensor) else output.logits
+
+
+class Logits(nn.Module):
+    """model(x) as a logits tensor (Hugging Face models return a ModelOutput), for linvit.evaluate."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return logits_of(self.model(x))
