@@ -526,6 +526,9 @@ def _add_distill_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-split", default="train")
     p.add_argument("--val-split", default="val")
     p.add_argument("--context", type=POSITIVE, default=128, help="language models: tokens per training window")
+    p.add_argument(
+        "--train-windows", type=POSITIVE, default=None, help="language models: random windows an epoch (default: all)"
+    )
     _add_fit_args(p, epochs=10, lr=1e-4, warmup_epochs=0, lr_help="learning rate of the end-to-end stage")
     _add_runtime_args(p, batch_size=64)
     p.set_defaults(func=_distill)

@@ -57,6 +57,7 @@ class DistillConfig(TrainConfig):
     train_split: str = "train"
     val_split: str = "val"
     context: int = 128
+    train_windows: int | None = None
     epochs: int = 10
     lr: float | None = 1e-4
     warmup_epochs: int = 0
@@ -214,7 +215,9 @@ def _image_parts(task: Distillation, config: DistillConfig, rank: int, world: in
 
 def _text_parts(task: Distillation, config: DistillConfig, rank: int, world: int):
     vocab = task.teacher.model.get_output_embeddings().weight.shape[0]
-    train, val = text_splits(config.data, task.teacher.tokenizer, vocab, config.context)
+    train, val = text_splits(
+        config.data, task.teacher.tokenizer, vocab, config.context, config.train_windows, config.seed
+    )
     if int(max(train.ids.max(), val.ids.max())) >= vocab:
         raise UsageError(f"{config.data}: token ids reach {int(train.ids.max())} but the teacher has {vocab}")
     val_loader = DataLoader(Subset(val, range(rank, len(val), world)), config.batch_size)

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from ..errors import UsageError
 from ..models import create_model
-from ..weights import load_weights, read_run_config
+from ..weights import check_exists, height_width, load_weights, read_run_config
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "interpolation": "bilinear"}
 
@@ -37,13 +37,13 @@ def load_teacher(spec: str, file: str | None = None, pretrained: bool = False, m
     if spec.startswith("hf:"):
         teacher = _huggingface(spec[3:], file)
     elif spec.startswith("torchvision:"):
-        teacher = _torchvision(spec.split(":", 1)[1], file, img_size)
+        teacher = _torchvision(spec.split(":", 1)[1], file, img_size, model_kwargs)
     elif Path(spec).exists():
         teacher = _run_folder(spec, file)
     else:
         kwargs = dict(model_kwargs or {})
         kwargs["pretrained"] = kwargs.get("pretrained", False) or pretrained  # the CLI folds --pretrained in
-        model = create_model(spec, img_size=img_size, pretrained_file=file, **kwargs)
+        model = create_model(spec, img_size=height_width(img_size), pretrained_file=file, **kwargs)
         teacher = Teacher(model, False, _timm_data_config(model))
     teacher.model.eval().requires_grad_(False)
     return teacher
@@ -71,12 +71,13 @@ def _run_folder(path: str, file: str | None) -> Teacher:
     return Teacher(model, False, _timm_data_config(model))
 
 
-def _torchvision(name: str, file: str | None, img_size) -> Teacher:
+def _torchvision(name: str, file: str | None, img_size, model_kwargs) -> Teacher:
     import torchvision
 
+    kwargs = {**(model_kwargs or {}), **({"image_size": img_size[0]} if img_size else {})}
     try:
-        model = torchvision.models.get_model(name, **({"image_size": img_size[0]} if img_size else {}))
-    except ValueError as err:
+        model = torchvision.models.get_model(name, **kwargs)
+    except (ValueError, TypeError) as err:
         raise UsageError(f"--teacher torchvision:{name}: {err}") from err
     if file is not None:
         load_weights(model, file)
@@ -91,6 +92,8 @@ def _huggingface(name: str, file: str | None) -> Teacher:
         raise UsageError('an hf: teacher needs transformers: pip install -e ".[hf]"') from err
     if file is not None:
         raise UsageError("--teacher-file goes with a timm or torchvision model; hf: teachers bring their weights")
+    if name.startswith(("/", ".", "~")):  # a local folder, not a Hub id: a typo is named as one
+        check_exists(Path(name).expanduser())
     try:
         config = transformers.AutoConfig.from_pretrained(name)
     except OSError as err:

@@ -42,25 +42,37 @@ def tokenize(text: str, tokenizer, vocab_size: int) -> torch.Tensor:
 
 
 class TokenWindows(Dataset):
-    """Windows of context + 1 consecutive tokens, one every context tokens."""
+    """Windows of context + 1 consecutive tokens: one every context tokens, or (random=N) N windows at random
+    offsets, drawn anew by set_epoch from (seed, epoch), so a resumed run draws the same ones."""
 
-    def __init__(self, ids: torch.Tensor, context: int) -> None:
-        self.ids, self.context = ids, context
-        self.count = max(0, (len(ids) - 1) // context)
+    def __init__(self, ids: torch.Tensor, context: int, random: int | None = None, seed: int = 0) -> None:
+        self.ids, self.context, self.random, self.seed = ids, context, random, seed
+        self.count = random if random else max(0, (len(ids) - 1) // context)
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.random:
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self.starts = torch.randint(0, len(self.ids) - self.context, (self.random,), generator=gen)
 
     def __len__(self) -> int:
         return self.count
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        start = index * self.context
+        start = int(self.starts[index]) if self.random else index * self.context
         return self.ids[start : start + self.context + 1]
 
 
-def text_splits(path: str, tokenizer, vocab_size: int, context: int) -> tuple[TokenWindows, TokenWindows]:
-    """(train, val) windows of the text at path; val is its last tenth."""
+def text_splits(
+    path: str, tokenizer, vocab_size: int, context: int, train_windows: int | None = None, seed: int = 0
+) -> tuple[TokenWindows, TokenWindows]:
+    """(train, val) windows of the text at path; val is its last tenth, train_windows random windows of the
+    rest an epoch (None: every window of it once)."""
     ids = tokenize(read_text(path), tokenizer, vocab_size)
     cut = int(len(ids) * (1 - VAL_SHARE))
-    train, val = TokenWindows(ids[:cut], context), TokenWindows(ids[cut:], context)
+    if cut <= context:
+        raise UsageError(f"{path}: {cut} training tokens are too few for a window of {context + 1}")
+    train, val = TokenWindows(ids[:cut], context, train_windows, seed), TokenWindows(ids[cut:], context)
     if len(val) == 0:
         raise UsageError(
             f"{path}: {len(ids)} tokens are too few for a validation window of {context + 1} in the last tenth"

@@ -1,0 +1,321 @@
+"""Issue 36's evidence: pretrained softmax models linearized by `linvit distill`, against the teacher, against
+converting and fine-tuning, and against training the student from scratch for the same steps.
+
+    python scripts/distill_experiment.py --part vision --seeds 0 1 2     # resumable, stage by stage
+    python scripts/distill_experiment.py --part language --seeds 0 1 2
+    python scripts/distill_experiment.py --part timing
+    python scripts/distill_experiment.py --report-only --publish docs    # JSON, figure, docs/results.md table
+
+Vision: the teachers are the reproduce protocol's softmax ViT-4L runs on `digit` (linvit.reproduce.plan: 14
+epochs of 62 steps = 868 steps, the same command). Each student distils its teacher with `linvit distill` in
+1 epoch of attention transfer and 2 end-to-end epochs of L canvases (L = budget x 868 / 3 steps of 64), for
+budgets of 5%, 10% and 25% of the teacher's steps. Comparisons at each budget, the same steps and seeds:
+`linvit train --pretrained-file TEACHER --convert MIXER` (convert, then fine-tune at the distillation's lr) and
+the student family trained from scratch with the protocol's recipe.
+Language: the teacher is docs/results.md's GPT-2 (scripts/lm_experiment.py: 4 layers, width 128, bytes of
+standard-library docstrings, 1,200 steps of 32 windows; one teacher, seed 0, as training it takes 20 CPU
+minutes); each seed distils it in 120 steps (10%): 40 of attention transfer, 80 end to end, 32 random
+windows a step.
+Timing: one GPT-2 shape (4 layers, width 128, 4 heads) with softmax attention and converted to causal
+Katz-InfSA: decode tokens/s after a prompt of each length and the bytes the cache holds, to 8,192 tokens.
+Each part writes OUT/<part>/summary.json; every run folder is reused when it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from linvit.reproduce.plan import RECIPES, TASKS, Planner, Stage, model_kwargs
+from linvit.reproduce.report import replace_between
+from linvit.reproduce.stages import run_stages
+from linvit.reproduce.stats import mean_interval, paired_difference
+from linvit_cli import run_command
+
+MIXERS = {"katz_infsa": "katz", "pure_infsa": "pure", "linear_infsa": "linear"}  # --mixer -> protocol family
+BUDGETS = (0.05, 0.10, 0.25)
+TEACHER_STEPS = 14 * 62  # the protocol's 14 epochs of 4,000 canvases in batches of 64
+LM_STEPS, LM_BATCH, LM_BUDGET = 1200, 32, 0.10
+BEGIN, END = "<!-- distill:begin -->", "<!-- distill:end -->"
+RECIPE = RECIPES["full"]
+DIGIT = TASKS["digit"]
+
+
+def lm_experiment():
+    """scripts/lm_experiment.py as a module: the GPT-2 teacher, its text and its training."""
+    spec = importlib.util.spec_from_file_location("lm_experiment", Path(__file__).with_name("lm_experiment.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def canvases(budget: float) -> int:
+    """Canvases an epoch so that 3 epochs (1 transfer + 2 end to end) of batches of 64 are budget x 868 steps."""
+    return round(budget * TEACHER_STEPS / 3) * 64
+
+
+def vision_stages(out: str, seeds: list[int]) -> list[Stage]:
+    """The teachers, then every run at the goal's 10% budget, then at 5%, then 25% (distillation before the
+    comparisons), so a sweep cut short has the goal's rows first."""
+    planner = Planner(f"{out}/vision", "cpu", RECIPE)
+    stages = [planner.train(DIGIT, "softmax", seed) for seed in seeds]
+    for budget in (0.10, 0.05, 0.25):
+        data = f"digits:digit,canvas=32,clutter=0,length={canvases(budget)}"
+        for seed in seeds:
+            teacher_run = f"{out}/vision/runs/digit/softmax/s{seed}"
+            stages += [_distill(out, teacher_run, data, mixer, seed, budget) for mixer in MIXERS]
+        for seed in seeds:
+            teacher_run = f"{out}/vision/runs/digit/softmax/s{seed}"
+            for mixer, family in MIXERS.items():
+                stages += [
+                    _convert_finetune(out, teacher_run, data, mixer, seed, budget),
+                    _scratch(out, data, family, seed, budget),
+                ]
+    return stages
+
+
+def _stage(name: str, out: str, argv: list[str], info: dict) -> Stage:
+    folder = f"{out}/vision/{name}"
+    argv = [*argv, "--output", folder, "--workers", "0", "--device", "cpu", "--resume", "auto", "--no-progress"]
+    return Stage(name, argv, [f"{name}/model.safetensors", f"{name}/metrics.jsonl"], 30, info)
+
+
+def _distill(out, teacher_run, data, mixer, seed, budget) -> Stage:
+    argv = ["distill", "--teacher", teacher_run, "--data", data, "--mixer", mixer, "--seed", str(seed)]
+    argv += ["--transfer-epochs", "1", "--epochs", "2", "--batch-size", "64"]
+    info = {"method": "distill", "mixer": mixer, "seed": seed, "budget": budget}
+    return _stage(f"distill/{mixer}/b{budget:g}/s{seed}", out, argv, info)
+
+
+def _train_argv(model: str, family: str, data: str, seed: int, lr: float) -> list[str]:
+    argv = ["train", "--model", model, "--data", data, "--img-size", "32", "--crop-pct", "1.0", "--seed", str(seed)]
+    argv += ["--epochs", "3", "--batch-size", "64", "--lr", str(lr), "--drop-path", "0", "--aa", "none"]
+    argv += ["--mixup", "0", "--cutmix", "0", "--reprob", "0", "--smoothing", "0", "--scale", "1", "1"]
+    argv += ["--ratio", "1", "1", "--hflip", "0", "--warmup-epochs", "0"]
+    return argv + model_kwargs(family, RECIPE, DIGIT)
+
+
+def _convert_finetune(out, teacher_run, data, mixer, seed, budget) -> Stage:
+    argv = _train_argv("vit_4l_patch16_224", "softmax", data, seed, 1e-4)  # the distillation's end-to-end lr
+    argv += ["--pretrained-file", f"{teacher_run}/model.safetensors", "--convert", mixer]
+    info = {"method": "convert + fine-tune", "mixer": mixer, "seed": seed, "budget": budget}
+    return _stage(f"finetune/{mixer}/b{budget:g}/s{seed}", out, argv, info)
+
+
+def _scratch(out, data, family, seed, budget) -> Stage:
+    from linvit.reproduce.plan import FAMILIES
+
+    mixer = next(m for m, f in MIXERS.items() if f == family)
+    argv = _train_argv(FAMILIES[family][0], family, data, seed, RECIPE.lr)  # the protocol's recipe
+    info = {"method": "from scratch", "mixer": mixer, "seed": seed, "budget": budget}
+    return _stage(f"scratch/{mixer}/b{budget:g}/s{seed}", out, argv, info)
+
+
+def last_metrics(path: Path) -> dict:
+    return json.loads(path.read_text().splitlines()[-1])
+
+
+def steps_of(run: Path) -> int:
+    """Optimizer steps a run took, stages included, from its args.yaml (epochs x canvases / batch)."""
+    import yaml
+
+    total = 0
+    for folder in (run / "attention", run):
+        if (folder / "args.yaml").is_file():
+            args = yaml.safe_load((folder / "args.yaml").read_text())
+            length = int(args["data"].split("length=")[1]) if "length=" in args["data"] else 4000
+            total += args["epochs"] * (length // args["batch_size"])
+    return total
+
+
+def vision_summary(out: Path, seeds: list[int]) -> dict:
+    """Per (method, mixer, budget): val top-1 and its share of the teacher's (retention) over seeds."""
+    teachers = {}
+    for seed in seeds:
+        metrics = out / f"vision/runs/digit/softmax/s{seed}/metrics.jsonl"
+        if metrics.is_file():
+            teachers[seed] = last_metrics(metrics)["val_top1"]
+    rows = []
+    for method, folder in (("distill", "distill"), ("convert + fine-tune", "finetune"), ("from scratch", "scratch")):
+        for budget in BUDGETS:
+            for mixer in MIXERS:
+                runs = {}
+                for seed in teachers:
+                    run = out / f"vision/{folder}/{mixer}/b{budget:g}/s{seed}"
+                    if (run / "model.safetensors").is_file():
+                        runs[seed] = (last_metrics(run / "metrics.jsonl")["val_top1"], steps_of(run))
+                if not runs:
+                    continue
+                val = {s: v for s, (v, _) in runs.items()}
+                retention = {s: 100 * v / teachers[s] for s, v in val.items()}
+                steps = sorted({n for _, n in runs.values()})
+                rows.append(
+                    {
+                        "method": method,
+                        "mixer": mixer,
+                        "budget": budget,
+                        "steps": steps,
+                        "val_top1": mean_interval(list(val.values())),
+                        "retention": mean_interval(list(retention.values())),
+                        "vs_teacher": paired_difference(val, teachers),
+                    }
+                )
+    return {"teacher_val_top1": mean_interval(list(teachers.values())), "teachers": teachers, "rows": rows}
+
+
+def language_teacher(out: Path, seed: int, lm) -> Path:
+    """The GPT-2 teacher of docs/results.md for this seed (trained once, saved as a Hugging Face folder)."""
+    folder = out / f"language/teacher_s{seed}"
+    text_file = out / "language/text.txt"
+    text = lm.stdlib_docstrings(400 * 1024)
+    if not text_file.is_file():
+        text_file.parent.mkdir(parents=True, exist_ok=True)
+        text_file.write_text(text.decode("utf-8", errors="ignore"), encoding="utf-8")
+    if not (folder / "config.json").is_file():
+        torch.manual_seed(seed)
+        data = torch.tensor(list(text_file.read_text(encoding="utf-8").encode("utf-8")), dtype=torch.long)
+        cut = int(len(data) * 0.9)
+        model = lm.tiny_gpt2()
+        curve = lm.train(model, data[:cut], data[cut:], LM_STEPS, seed, f"teacher s{seed}", LM_STEPS // 4)
+        model.save_pretrained(folder)
+        (folder / "curve.json").write_text(json.dumps(curve))
+    return folder
+
+
+def language_stages(out: str, seed: int, teacher: Path) -> list[Stage]:
+    windows = round(LM_BUDGET * LM_STEPS / 3) * LM_BATCH
+    stages = []
+    for mixer in ("katz_infsa", "pure_infsa"):
+        name = f"distill/{mixer}/s{seed}"
+        argv = ["distill", "--teacher", f"hf:{teacher}", "--data", f"{out}/language/text.txt", "--mixer", mixer]
+        argv += ["--context", "128", "--batch-size", str(LM_BATCH), "--train-windows", str(windows)]
+        argv += ["--transfer-epochs", "1", "--epochs", "2", "--seed", str(seed), "--output", f"{out}/language/{name}"]
+        argv += ["--workers", "0", "--device", "cpu", "--resume", "auto", "--no-progress"]
+        info = {"mixer": mixer, "seed": seed}
+        stages.append(Stage(name, argv, [f"{name}/model.safetensors", f"{name}/metrics.jsonl"], 120, info))
+    return stages
+
+
+def language_summary(out: Path, seeds: list[int]) -> dict:
+    rows = []
+    for mixer in ("katz_infsa", "pure_infsa"):
+        runs = {}
+        for seed in seeds:
+            run = out / f"language/distill/{mixer}/s{seed}"
+            if (run / "model.safetensors").is_file():
+                runs[seed] = last_metrics(run / "metrics.jsonl")
+        if runs:
+            rows.append(
+                {
+                    "mixer": mixer,
+                    "val_loss": mean_interval([r["val_loss"] for r in runs.values()]),
+                    "teacher_val_loss": mean_interval([r["teacher_val_loss"] for r in runs.values()]),
+                    "loss_gap": mean_interval([r["loss_gap"] for r in runs.values()]),
+                    "steps": round(LM_BUDGET * LM_STEPS / 3) * 3,
+                }
+            )
+    return {"teacher_steps": LM_STEPS, "rows": rows}
+
+
+def decode_timing(lengths=(512, 1024, 2048, 4096, 8192), new_tokens: int = 32) -> dict:
+    """Decode tokens/s after a prompt of each length, and the bytes the cache holds then, softmax vs Katz."""
+    import transformers
+
+    import linvit
+
+    config = transformers.GPT2Config(vocab_size=256, n_positions=max(lengths) + new_tokens, n_embd=128, n_layer=4)
+    config.n_head = 4
+    torch.manual_seed(0)
+    softmax = transformers.GPT2LMHeadModel(config).eval()
+    katz = linvit.convert(transformers.GPT2LMHeadModel(config).eval(), "katz_infsa")
+    rows = []
+    for length in lengths:
+        prompt = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length))
+        for name, model in (("softmax", softmax), ("katz_infsa", katz)):
+            rows.append({"model": name, "context": length, **_decode(model, prompt, new_tokens)})
+            print(rows[-1], flush=True)
+    return {"model": "GPT-2 shape: 4 layers, width 128, 4 heads (random weights)", "threads": 1, "rows": rows}
+
+
+@torch.no_grad()
+def _decode(model, prompt: torch.Tensor, new_tokens: int) -> dict:
+    import transformers
+
+    cache = transformers.DynamicCache(config=model.config)
+    out = model(prompt, past_key_values=cache, use_cache=True)
+    token = out.logits[:, -1:].argmax(-1)
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        out = model(token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+    seconds = time.perf_counter() - start
+    return {"tokens_per_second": new_tokens / seconds, "cache_bytes": _cache_bytes(cache)}
+
+
+def _cache_bytes(cache) -> int:
+    total = 0
+    for layer in cache.layers:
+        tensors = [getattr(layer, "keys", None), getattr(layer, "values", None), *(getattr(layer, "state", None) or ())]
+        total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    return total
+
+
+def publish(out: Path, docs: Path) -> None:
+    """docs/distill/: the summaries and a figure; docs/results.md's section between the markers."""
+    target = docs / "distill"
+    target.mkdir(parents=True, exist_ok=True)
+    summaries = {
+        p: json.loads((out / p / "summary.json").read_text())
+        for p in ("vision", "language", "timing")
+        if (out / p / "summary.json").is_file()
+    }
+    for part, summary in summaries.items():
+        (target / f"{part}.json").write_text(json.dumps(summary, indent=2))
+    from distill_report import figure, tables  # scripts/distill_report.py
+
+    if "vision" in summaries:
+        figure(summaries["vision"], target / "retention.png")
+    text = tables(summaries)
+    results = docs / "results.md"
+    results.write_text(replace_between(results.read_text(), BEGIN, END, text))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=["vision", "language", "timing"], default=None)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--out", default="runs/distill")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--publish", default=None, metavar="DOCS")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    seeds = sorted(args.seeds)
+    if args.part == "vision" and not args.report_only:
+        run_stages(out / "vision", vision_stages(args.out, seeds), run_command)
+    if args.part == "language" and not args.report_only:
+        teacher = language_teacher(out, 0, lm_experiment())  # one teacher (20 CPU minutes); seeds distil it
+        run_stages(
+            out / "language", [s for seed in seeds for s in language_stages(args.out, seed, teacher)], run_command
+        )
+    if args.part == "timing" and not args.report_only:
+        (out / "timing").mkdir(parents=True, exist_ok=True)
+        (out / "timing/summary.json").write_text(json.dumps(decode_timing(), indent=2))
+    if (out / "vision").is_dir():
+        (out / "vision/summary.json").write_text(json.dumps(vision_summary(out, [0, 1, 2]), indent=2))
+    if (out / "language").is_dir():
+        (out / "language/summary.json").write_text(json.dumps(language_summary(out, [0, 1, 2]), indent=2))
+    if args.publish:
+        sys.path.insert(0, str(Path(__file__).parent))
+        publish(out, Path(args.publish))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""`linvit distill` (issue 36 part 1) on tiny random teachers of every kind (timm name, run folder, torchvision,
+Hugging Face image classifier and causal LM; nothing is downloaded): attention transfer trains only the converted
+layers, each on its teacher layer's input; the end-to-end loss is the softened KL; the final folder loads back
+as the student; LoRA merges; mismatched teachers and data fail in one line."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import linvit
+from linvit.distillation import DistillConfig, load_teacher, make_student, run_distill
+from linvit.distillation.task import soft_target_loss, stage_configs
+from linvit.distillation.text import TokenWindows
+from linvit.distillation.transfer import LayerTaps, layer_pairs
+from linvit_cli import main as cli_main
+
+TINY_VIT = {"patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10}
+RUNTIME = {"workers": 0, "device": "cpu", "progress": False, "batch_size": 8}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    from linvit.data import build_cluttered_mnist
+
+    root = tmp_path_factory.mktemp("distilldata")
+    build_cluttered_mnist(root, canvas=32, per_class_train=2, per_class_val=1, clutter=1, progress=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    import ast
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs = [ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) or "" for p in sorted(root.glob("a*.py"))]
+    path = tmp_path_factory.mktemp("text") / "docs.txt"
+    path.write_text("\n\n".join(docs)[:6000], encoding="utf-8")
+    return path
+
+
+def _vit_teacher():
+    return load_teacher("vit_4l_patch16_224", model_kwargs=TINY_VIT, img_size=[32])
+
+
+def _gpt2_folder(tmp_path, layers: int = 2):
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=layers, n_head=4)
+    cfg.bos_token_id = cfg.eos_token_id = 0
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
+    return tmp_path / "gpt2"
+
+
+def test_soft_target_loss_is_the_softened_kl_times_t_squared():
+    torch.manual_seed(0)
+    s, t = torch.randn(6, 5, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64)
+    p, q = F.softmax(t / 2, -1), F.softmax(s / 2, -1)
+    expected = (p * (p.log() - q.log())).sum(-1).mean() * 4
+    assert torch.allclose(soft_target_loss(s, t, 2.0).double(), expected, rtol=1e-6)
+    assert soft_target_loss(t, t, 3.0).abs() < 1e-6
+    tokens = torch.randn(2, 3, 5)  # language: (B, T, V) is flattened over positions
+    assert torch.allclose(
+        soft_target_loss(tokens, tokens.flip(0), 1.0),
+        soft_target_loss(tokens.flatten(0, 1), tokens.flip(0).flatten(0, 1), 1.0),
+    )
+
+
+def test_each_student_layer_sees_its_teacher_layers_input():
+    """With substitution every converted layer's recorded output is that layer applied to the teacher layer's
+    input; the transfer loss is the mean relative MSE over layers, and zero for an unconverted copy."""
+    teacher = _vit_teacher().model
+    student = make_student(teacher, "katz_infsa")
+    pairs = layer_pairs(teacher, student)
+    assert [name for name, _, _ in pairs] == ["blocks.0.attn", "blocks.1.attn"]
+    taps = LayerTaps(pairs)
+    x = torch.randn(3, 3, 32, 32)
+    with taps.active(substitute=True):
+        with torch.no_grad():
+            teacher(x)
+        student(x)
+        inputs = dict(taps.teacher_in)
+        outputs, targets = dict(taps.student_out), dict(taps.teacher_out)
+        loss = taps.loss()
+    for i, (_, _, layer) in enumerate(pairs):
+        torch.testing.assert_close(outputs[i], layer(inputs[i]), rtol=0, atol=0)
+    expected = sum(((outputs[i] - targets[i]) ** 2).mean() / (targets[i] ** 2).mean() for i in range(2)) / 2
+    torch.testing.assert_close(loss, expected)
+    assert not [h for _, t, s in pairs for h in (*t._forward_hooks, *s._forward_pre_hooks)]  # hooks removed
+
+
+def test_attention_transfer_trains_only_the_converted_layers_and_lowers_its_loss(digits, tmp_path):
+    config = DistillConfig(
+        teacher="vit_4l_patch16_224",
+        model_kwargs=TINY_VIT,
+        data=str(digits),
+        output=str(tmp_path / "run"),
+        stages="attention",
+        transfer_epochs=4,
+        transfer_lr=3e-3,
+        img_size=[32],
+        **RUNTIME,
+    )
+    student = run_distill(config)
+    torch.manual_seed(0)  # the run's seed: the same random teacher
+    teacher = _vit_teacher().model
+    before = make_student(teacher, "katz_infsa").state_dict()
+    changed = {k for k, v in student.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(".attn." in k for k in changed)  # only converted layers moved
+    assert any(k.endswith("attn.theta") for k in changed) and any("attn.qkv" in k for k in changed)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert {"val_top1", "teacher_val_top1", "retention"} <= set(rows[-1])
+
+
+def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tmp_path):
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=2"]
+    argv += ["num_heads=2", "num_classes=10", "--data", str(digits), "--img-size", "32", "--mixer", "pure_infsa"]
+    argv += ["--workers", "0"]
+    argv += ["--device", "cpu", "--no-progress", "--batch-size", "8", "--hard-weight", "0.5", "--feature-weight", "1"]
+    argv += ["--warmup-epochs", "1"]  # epoch 0 is warm-up in both plans (1 and 2 epochs), as in test_fit
+    assert cli_main([*argv, "--epochs", "2", "--output", str(tmp_path / "full")]) == 0
+    assert cli_main([*argv, "--epochs", "1", "--output", str(tmp_path / "cut")]) == 0
+    assert cli_main([*argv, "--epochs", "2", "--output", str(tmp_path / "cut"), "--resume", "auto"]) == 0
+
+    def numbers(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in ("epoch_seconds", "images_per_second", "lr")} for r in rows]
+
+    full, resumed = numbers(tmp_path / "full"), numbers(tmp_path / "cut")
+    assert len(full) == 2 and full == resumed  # lr, the schedule's plan, is left out above
+    assert numbers(tmp_path / "full" / "attention") == numbers(tmp_path / "cut" / "attention")
+    info = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert info["architecture"] == "infsa_converted" and info["linvit"]["task"] == "distillation"
+    reloaded = linvit.load_run(tmp_path / "full")
+    assert linvit.convert_report(reloaded).variant == "pure_infsa"
+    assert cli_main(["eval", "--checkpoint", str(tmp_path / "full"), "--data", str(digits), "--workers", "0"]) == 0
+
+
+def test_a_run_folder_teacher_with_lora_merges_into_a_plain_student(digits, tmp_path):
+    pytest.importorskip("peft")
+    train = ["train", "--model", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=2"]
+    train += ["num_heads=2", "--data", str(digits), "--img-size", "32", "--crop-pct", "1.0", "--epochs", "1"]
+    train += ["--batch-size", "8", "--workers", "0", "--no-progress", "--output", str(tmp_path / "teacher")]
+    assert cli_main(train) == 0
+    config = DistillConfig(
+        teacher=str(tmp_path / "teacher"), data=str(digits), output=str(tmp_path / "run"), lora_rank=2, **RUNTIME
+    )
+    student = run_distill(config)
+    assert not any("lora" in k for k in student.state_dict())
+    summary = json.loads((tmp_path / "run" / "config.json").read_text())["linvit"]
+    assert summary["stage"] == "end-to-end" and summary["final"]["teacher_val_top1"] > 0
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(linvit.load_run(tmp_path / "run")(x), student(x))
+
+
+def test_torchvision_and_hugging_face_vision_teachers(digits, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=10,
+    )
+    torch.manual_seed(0)
+    transformers.ViTForImageClassification(cfg).save_pretrained(tmp_path / "hfvit")
+    for teacher, kwargs in ((f"hf:{tmp_path / 'hfvit'}", {}), ("torchvision:vit_b_16", {"num_classes": 10})):
+        config = DistillConfig(
+            teacher=teacher,
+            model_kwargs=kwargs,
+            data=str(digits),
+            output=str(tmp_path / teacher[:2]),
+            stages="attention",
+            img_size=[32],
+            **RUNTIME,
+        )
+        if teacher.startswith("torchvision"):
+            config = config.replace(train_split="val")  # a 86M-parameter teacher: one short pass is the check
+        student = run_distill(config)
+        x = torch.randn(2, 3, 32, 32)
+        reloaded = linvit.load_run(tmp_path / teacher[:2])
+        with torch.no_grad():
+            out = student(x)
+            out = out if isinstance(out, torch.Tensor) else out.logits
+            again = reloaded(x)
+            again = again if isinstance(again, torch.Tensor) else again.logits
+        torch.testing.assert_close(again, out)
+
+
+@pytest.mark.parametrize("mixer", ["katz_infsa", "pure_infsa"])
+def test_a_causal_lm_distils_and_its_student_decodes(mixer, text_file, tmp_path):
+    pytest.importorskip("transformers")
+    teacher = _gpt2_folder(tmp_path)
+    config = DistillConfig(
+        teacher=f"hf:{teacher}",
+        data=str(text_file),
+        output=str(tmp_path / "run"),
+        mixer=mixer,
+        context=32,
+        epochs=2,
+        lr=3e-3,
+        **RUNTIME,
+    )
+    student = run_distill(config)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert math.isclose(rows[-1]["loss_gap"], 100 * (rows[-1]["val_loss"] / rows[-1]["teacher_val_loss"] - 1))
+    reloaded = linvit.load_run(tmp_path / "run")
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, student(ids).logits)
+    out = reloaded.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        full = reloaded(out[:, :-1], use_cache=False).logits[:, -1].argmax(-1)
+    assert out.shape == (1, 17) and torch.equal(full, out[:, -1])
+
+
+def test_text_windows_are_in_order_or_drawn_per_epoch():
+    ids = torch.arange(100)
+    fixed = TokenWindows(ids, 10)
+    assert len(fixed) == 9 and torch.equal(fixed[1], torch.arange(10, 21))
+    drawn = TokenWindows(ids, 10, random=5, seed=1)
+    first = [drawn[i] for i in range(5)]
+    drawn.set_epoch(1)
+    assert len(drawn) == 5 and any(not torch.equal(a, drawn[i]) for i, a in enumerate(first))
+    drawn.set_epoch(0)
+    assert all(torch.equal(a, drawn[i]) and len(a) == 11 for i, a in enumerate(first))  # replayable on resume
+
+
+def test_stages_go_to_their_folders():
+    config = DistillConfig(teacher="t", data="d", output="out", transfer_epochs=2, transfer_lr=0.01, epochs=5)
+    (first, one), (second, two) = stage_configs(config)
+    assert (first, one.output, one.epochs, one.lr) == ("attention", "out/attention", 2, 0.01)
+    assert (second, two.output, two.epochs, two.lr) == ("end-to-end", "out", 5, 1e-4)
+    assert [s for s, _ in stage_configs(config.replace(stages="end-to-end"))] == ["end-to-end"]
+
+
+def test_mismatches_fail_in_one_line(digits, text_file, tmp_path):
+    base = dict(data=str(digits), output=str(tmp_path / "x"), **RUNTIME)
+    with pytest.raises(ValueError, match="predicts 7 classes but .* has 10"):
+        run_distill(DistillConfig(teacher="vit_4l_patch16_224", model_kwargs={**TINY_VIT, "num_classes": 7}, **base))
+    with pytest.raises(ValueError, match="no such file or folder"):
+        run_distill(DistillConfig(teacher="hf:/nope/nothing", **base))
+    with pytest.raises(ValueError, match="stages must be one of"):
+        DistillConfig(teacher="t", stages="all")
+    pytest.importorskip("transformers")
+    gpt2 = _gpt2_folder(tmp_path)
+    lm = dict(teacher=f"hf:{gpt2}", data=str(text_file), output=str(tmp_path / "y"), **RUNTIME)
+    with pytest.raises(ValueError, match="linear_infsa pools every token"):
+        run_distill(DistillConfig(mixer="linear_infsa", **lm))
+    with pytest.raises(ValueError, match="too few for a validation window"):
+        run_distill(DistillConfig(context=4000, **lm))
+    assert copy.deepcopy(load_teacher(f"hf:{gpt2}")).language
