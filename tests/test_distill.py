@@ -263,3 +263,24 @@ def test_mismatches_fail_in_one_line(digits, text_file, tmp_path):
     with pytest.raises(ValueError, match="too few for a validation window"):
         run_distill(DistillConfig(context=4000, **lm))
     assert copy.deepcopy(load_teacher(f"hf:{gpt2}")).language
+
+
+def test_torchrun_runs_both_stages_on_two_processes(digits, tmp_path):
+    """DDP: stage 2 starts from the model folder rank 0 wrote in stage 1 (one process group for both), and every
+    rank ends with the same validation numbers."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "linvit"]
+    cmd += ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32"]
+    cmd += ["depth=2", "num_heads=2", "num_classes=10", "--data", str(digits), "--img-size", "32", "--epochs", "1"]
+    cmd += ["--batch-size", "4", "--workers", "0", "--device", "cpu", "--no-progress", "--output", str(tmp_path)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for folder in (tmp_path / "attention", tmp_path):
+        ranks = [json.loads((folder / f"final_val_rank{r}.json").read_text()) for r in (0, 1)]
+        ranks = [{k: v for k, v in r.items() if k not in ("epoch_seconds", "images_per_second")} for r in ranks]
+        assert ranks[0] == ranks[1] and "teacher_val_top1" in ranks[0] and (folder / "model.safetensors").is_file()
+    assert linvit.load_run(tmp_path) is not None

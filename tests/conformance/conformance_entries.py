@@ -3,7 +3,9 @@
 - classifiers: every name of `linvit.list_models()` (timm's registry filtered to linvit's modules), with every
   ':variant' suffix that applies to it (models.variants.VARIANTS), built tiny (2 blocks, width 32);
 - DiT: one per mixer of `linvit.models.dit.MIXERS`;
-- language models: GPT-2, Llama, Qwen3 and Mistral on tiny random configs, converted by `linvit.convert`;
+- distillation students: a tiny softmax ViT converted to each of `linvit.convert`'s variants (linvit.distill);
+- language models: GPT-2, Llama, Qwen3 and Mistral on tiny random configs, converted by `linvit.convert` to pure
+  and causal Katz-InfSA;
 - mixers: every attention layer of `linvit.models.infvit.MIXERS` with each of its options.
 
 A new family, variant, DiT mixer or mixer option is enrolled without editing this file. Tiny builds of
@@ -144,8 +146,23 @@ def lm_entries() -> list[Entry]:
     return [Entry(f"lm:{f}:{v}", "lm", lambda f=f, v=v: _lm(f, v), _lm_inputs) for v in variants for f in families]
 
 
+def _student(variant: str) -> nn.Module:
+    from linvit.distillation import make_student
+
+    teacher = timm.create_model("vit_4l_patch16_224", depth=2, embed_dim=WIDTH, num_heads=HEADS, num_classes=5)
+    return make_student(teacher, variant)
+
+
+def student_entries() -> list[Entry]:
+    """`linvit distill`'s students (a softmax ViT converted by linvit.convert, as `infsa_converted`), one per
+    conversion variant, at the size they were built for."""
+    from linvit.conversion import VARIANTS as CONVERSIONS
+
+    return [Entry(f"student:{v}", "classifier", lambda v=v: _student(v), _images) for v in CONVERSIONS]
+
+
 def model_entries() -> list[Entry]:
-    return classifier_entries() + dit_entries() + lm_entries()
+    return classifier_entries() + student_entries() + dit_entries() + lm_entries()
 
 
 def _options(cls: type) -> list[dict]:
