@@ -104,7 +104,7 @@ def test_one_device_flag_and_one_meaning_of_img_size():
         if "--img-size" in a.option_strings
     }
     # the model's input size H [W] only: the shorter side is --resize, a sample's side --side, ...
-    assert with_img_size == {"train", "eval", "explain", "spectral", "erf", "predict", "export"}
+    assert with_img_size == {"train", "distill", "eval", "explain", "spectral", "erf", "predict", "export"}
 
 
 def test_old_spellings_still_work_for_one_release_and_say_so(capsys, tmp_path):
