@@ -104,8 +104,14 @@ def figure(vision: dict, path: Path) -> None:
                 continue
             x = [100 * r["budget"] for r in rows]
             mean = [r["retention"]["mean"] for r in rows]
-            low = [r["retention"]["low"] if r["retention"]["low"] is not None else m for r, m in zip(rows, mean)]
-            high = [r["retention"]["high"] if r["retention"]["high"] is not None else m for r, m in zip(rows, mean)]
+            low = [
+                r["retention"]["low"] if r["retention"]["low"] is not None else m
+                for r, m in zip(rows, mean, strict=True)
+            ]
+            high = [
+                r["retention"]["high"] if r["retention"]["high"] is not None else m
+                for r, m in zip(rows, mean, strict=True)
+            ]
             ax.plot(x, mean, style, label=method)
             ax.fill_between(x, low, high, alpha=0.15)
         ax.axhline(99, color="grey", lw=0.8, ls="--")
