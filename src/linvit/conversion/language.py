@@ -53,18 +53,19 @@ def is_causal_model(model: nn.Module, modules: list[tuple[str, nn.Module]]) -> b
     return bool(getattr(model.config, "is_decoder", False)) or any(m.is_causal for _, m in modules)
 
 
-def _register() -> None:
+def register_attention(name: str, attention) -> None:
+    """transformers' attention function `name`, with its boolean masks (True = keep) never skipped: InfSA has
+    no is_causal shortcut, and causal Katz reads the padded keys from the mask."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     def boolean_mask(*args, **kwargs):
-        """transformers' boolean masks (True = keep), never skipped: InfSA has no is_causal shortcut."""
         kwargs["allow_is_causal_skip"] = False
         kwargs["allow_is_bidirectional_skip"] = False
         return sdpa_mask(*args, **kwargs)
 
-    AttentionInterface.register(ATTENTION_NAME, pure_infsa_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, boolean_mask)
+    AttentionInterface.register(name, attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, boolean_mask)
 
 
 def convert_language_model(model: nn.Module, variant: str, gamma_init: float, modules, report) -> nn.Module:
@@ -77,7 +78,7 @@ def convert_language_model(model: nn.Module, variant: str, gamma_init: float, mo
     if variant == "katz_infsa" and causal:
         from . import language_katz
 
-        language_katz.register()
+        register_attention(language_katz.ATTENTION_NAME, language_katz.katz_causal_attention)
         _add_discounts(model, modules, gamma_init, report, language_katz.install_state_layer)
         model.set_attn_implementation(language_katz.ATTENTION_NAME)
         return model
@@ -85,7 +86,7 @@ def convert_language_model(model: nn.Module, variant: str, gamma_init: float, mo
         raise UsageError(CAUSAL_REFUSAL.format(variant=variant))
     if variant != "pure_infsa":
         raise UsageError(f"{variant} is not wired into transformers' encoders; use variant='pure_infsa'")
-    _register()
+    register_attention(ATTENTION_NAME, pure_infsa_attention)
     _add_discounts(model, modules, gamma_init, report, _remember_cache)
     model.set_attn_implementation(ATTENTION_NAME)
     return model

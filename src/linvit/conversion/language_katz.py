@@ -91,20 +91,6 @@ class KatzStateLayer(CacheLayerMixin):
         pass
 
 
-def register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    def boolean_mask(*args, **kwargs):
-        """transformers' boolean masks (True = keep), never skipped: the padded keys are read from it."""
-        kwargs["allow_is_causal_skip"] = False
-        kwargs["allow_is_bidirectional_skip"] = False
-        return sdpa_mask(*args, **kwargs)
-
-    AttentionInterface.register(ATTENTION_NAME, katz_causal_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, boolean_mask)
-
-
 def install_state_layer(module: nn.Module, args, kwargs) -> None:
     """Pre-hook: make this layer's slot of the cache it is called with a KatzStateLayer (before it is updated)."""
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
