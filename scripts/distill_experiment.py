@@ -229,8 +229,10 @@ def decode_timing(lengths=(512, 1024, 2048, 4096, 8192), new_tokens: int = 32) -
 
     import linvit
 
-    config = transformers.GPT2Config(vocab_size=256, n_positions=max(lengths) + new_tokens, n_embd=128, n_layer=4)
-    config.n_head = 4
+    config = transformers.GPT2Config(
+        vocab_size=256, n_positions=max(lengths) + new_tokens, n_embd=128, n_layer=4, n_head=4, bos_token_id=0
+    )
+    config.eos_token_id = 0
     torch.manual_seed(0)
     softmax = transformers.GPT2LMHeadModel(config).eval()
     katz = linvit.convert(transformers.GPT2LMHeadModel(config).eval(), "katz_infsa")
@@ -248,11 +250,11 @@ def _decode(model, prompt: torch.Tensor, new_tokens: int) -> dict:
     import transformers
 
     cache = transformers.DynamicCache(config=model.config)
-    out = model(prompt, past_key_values=cache, use_cache=True)
+    out = model(prompt, cache=cache, use_cache=True)
     token = out.logits[:, -1:].argmax(-1)
     start = time.perf_counter()
     for _ in range(new_tokens):
-        out = model(token, past_key_values=cache, use_cache=True)
+        out = model(token, cache=cache, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
     seconds = time.perf_counter() - start
     return {"tokens_per_second": new_tokens / seconds, "cache_bytes": _cache_bytes(cache)}

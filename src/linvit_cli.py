@@ -511,6 +511,12 @@ def _add_distill_command(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--mixer", choices=CONVERT_VARIANTS, default="katz_infsa", help="the student's attention")
     p.add_argument(
+        "--gamma-init",
+        type=float,
+        default=0.5,
+        help="the converted layers' initial discount (0.5: Katz's output at softmax's scale)",
+    )
+    p.add_argument(
         "--stages",
         choices=["both", "attention", "end-to-end"],
         default="both",

@@ -163,6 +163,26 @@ def test_a_run_folder_teacher_with_lora_merges_into_a_plain_student(digits, tmp_
         torch.testing.assert_close(linvit.load_run(tmp_path / "run")(x), student(x))
 
 
+@pytest.mark.parametrize("mixer", ["katz_infsa", "linear_infsa", "pure_infsa"])
+def test_lora_adapts_every_linear_layer_but_heads_and_mixers_and_every_trainable_parameter_learns(mixer):
+    """The converted layers train whole (linvit's InfSA layers read their projections' weights, so a LoRA wrapper
+    there would never run), the head is left alone, and no parameter marked trainable misses its gradient
+    (DDP would stop on one)."""
+    pytest.importorskip("peft")
+    from linvit.distillation.student import with_lora
+
+    teacher = _vit_teacher().model
+    student = make_student(teacher, mixer)
+    pairs = layer_pairs(teacher, student)
+    model = with_lora(student, 2, [layer for _, _, layer in pairs])
+    adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in model.named_parameters() if ".lora_A" in n}
+    assert adapted and all(".mlp." in n for n in adapted)  # fc1, fc2 of every block; not attn, not head
+    model(torch.randn(2, 3, 32, 32)).square().mean().backward()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert [n for n, p in trainable if p.grad is None] == []  # lora_A gets zeros at first: B starts at 0
+    assert any(".attn." in n for n, _ in trainable) and not any("head" in n for n, _ in trainable)
+
+
 def test_torchvision_and_hugging_face_vision_teachers(digits, tmp_path):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.ViTConfig(
@@ -183,11 +203,10 @@ def test_torchvision_and_hugging_face_vision_teachers(digits, tmp_path):
             data=str(digits),
             output=str(tmp_path / teacher[:2]),
             stages="attention",
-            img_size=[32],
             **RUNTIME,
         )
-        if teacher.startswith("torchvision"):
-            config = config.replace(train_split="val")  # a 86M-parameter teacher: one short pass is the check
+        if teacher.startswith("torchvision"):  # an 86M-parameter teacher at 32 px: one short pass is the check
+            config = config.replace(train_split="val", img_size=[32])
         student = run_distill(config)
         x = torch.randn(2, 3, 32, 32)
         reloaded = linvit.load_run(tmp_path / teacher[:2])
@@ -197,6 +216,10 @@ def test_torchvision_and_hugging_face_vision_teachers(digits, tmp_path):
             again = reloaded(x)
             again = again if isinstance(again, torch.Tensor) else again.logits
         torch.testing.assert_close(again, out)
+        with pytest.raises(ValueError, match="not a timm model: load it with linvit.load_run"):
+            from linvit.evaluate import EvalConfig, run_eval
+
+            run_eval(EvalConfig(data=str(digits), checkpoint=str(tmp_path / teacher[:2]), workers=0))
 
 
 @pytest.mark.parametrize("mixer", ["katz_infsa", "pure_infsa"])
@@ -255,12 +278,20 @@ def test_mismatches_fail_in_one_line(digits, text_file, tmp_path):
         run_distill(DistillConfig(teacher="hf:/nope/nothing", **base))
     with pytest.raises(ValueError, match="stages must be one of"):
         DistillConfig(teacher="t", stages="all")
+    with pytest.raises(ValueError, match="mixer must be one of"):
+        DistillConfig(teacher="t", mixer="katz")
+    with pytest.raises(ValueError, match="brings its own architecture and input size"):
+        load_teacher(str(digits), img_size=[64])
     pytest.importorskip("transformers")
     gpt2 = _gpt2_folder(tmp_path)
     lm = dict(teacher=f"hf:{gpt2}", data=str(text_file), output=str(tmp_path / "y"), **RUNTIME)
     with pytest.raises(ValueError, match="linear_infsa pools every token"):
         run_distill(DistillConfig(mixer="linear_infsa", **lm))
+    short = tmp_path / "short.txt"
+    short.write_text("a few words " * 30)
     with pytest.raises(ValueError, match="too few for a validation window"):
+        run_distill(DistillConfig(context=60, **{**lm, "data": str(short)}))
+    with pytest.raises(ValueError, match="longer than the teacher's 64 positions"):
         run_distill(DistillConfig(context=4000, **lm))
     assert copy.deepcopy(load_teacher(f"hf:{gpt2}")).language
 

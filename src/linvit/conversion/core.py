@@ -287,13 +287,14 @@ def _disable_fused_encoders(model: nn.Module) -> None:
                 m.use_nested_tensor = False
 
 
-def convert_if_asked(model: nn.Module, variant: str | None) -> dict | None:
+def convert_if_asked(model: nn.Module, variant: str | None, gamma_init: float = 0.9) -> dict | None:
     """The commands' --convert: convert in place when a variant is given; the report as a dict for the run's
     metadata (None when nothing was asked). The model must hold its attention layers below the top level."""
     if variant is None:
         return None
     base, _, linear_variant = variant.partition(":")  # "linear_infsa:softplus": a stabilised Linear-InfSA
-    return convert_report(convert(model, base, linear_variant=linear_variant or "release")).to_dict()
+    report = convert_report(convert(model, base, gamma_init=gamma_init, linear_variant=linear_variant or "release"))
+    return report.to_dict()
 
 
 def convert_report(model: nn.Module) -> ConversionReport:

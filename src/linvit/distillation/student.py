@@ -1,7 +1,7 @@
 """The student of `linvit distill`: a copy of the teacher with its attention converted, and what trains in it.
 
 Stage 1 (attention transfer) trains the converted layers only; stage 2 (end to end) trains every parameter,
-or LoRA adapters (peft) on the linear layers but the classifier head plus the InfSA discounts.
+or the converted layers whole plus LoRA adapters (peft) on every other linear layer but the heads.
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ from ..conversion import convert_if_asked
 from ..errors import UsageError
 from .transfer import layer_pairs
 
-DISCOUNTS = ("theta", "infsa_theta")  # the InfSA discount of a converted layer (gamma = sigmoid(theta))
 
-
-def make_student(teacher: nn.Module, mixer: str) -> nn.Module:
+def make_student(teacher: nn.Module, mixer: str, gamma_init: float = 0.5) -> nn.Module:
     """A deep copy of the teacher with every attention layer converted to mixer (linvit.convert's variants)."""
     student = copy.deepcopy(teacher).requires_grad_(True)
-    convert_if_asked(student, mixer)
+    convert_if_asked(student, mixer, gamma_init)
     return student
 
 
@@ -31,33 +29,42 @@ def train_only_converted_layers(teacher: nn.Module, student: nn.Module) -> None:
         layer.requires_grad_(True)
 
 
-def _head(model: nn.Module) -> nn.Module | None:
+HEAD_NAMES = ("heads", "head", "classifier", "lm_head")  # torchvision, timm, Hugging Face classifier heads
+
+
+def _heads(model: nn.Module) -> set[nn.Module]:
+    """The output layers, which LoRA leaves alone: timm's classifier, a language model's output embeddings, and
+    the modules torchvision and Hugging Face name heads / classifier."""
+    found = set()
     if hasattr(model, "get_classifier"):
-        return model.get_classifier()
-    if hasattr(model, "get_output_embeddings"):
-        return model.get_output_embeddings()
-    return None
+        found.add(model.get_classifier())
+    if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
+        found.add(model.get_output_embeddings())
+    for name in HEAD_NAMES:
+        if isinstance(getattr(model, name, None), nn.Module):
+            found |= set(getattr(model, name).modules())
+    return found
 
 
 def _is_linear(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"  # GPT-2's transposed linear
 
 
-def with_lora(student: nn.Module, rank: int) -> nn.Module:
-    """peft's LoRA (rank, alpha = rank) on every linear layer but the head; the discounts train too."""
+def with_lora(student: nn.Module, rank: int, converted: list[nn.Module]) -> nn.Module:
+    """peft's LoRA (rank, alpha = rank) on every linear layer but the heads and the converted layers, which train
+    whole: they are the new mixer, and linvit's InfSA layers read their projections' weights directly (a LoRA
+    wrapper there would never run)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as err:
         raise UsageError('--lora-rank needs peft: pip install -e ".[distill]"') from err
-    head = _head(student)
-    targets = [name for name, m in student.named_modules() if _is_linear(m) and m is not head and name]
+    skip = _heads(student) | {m for layer in converted for m in layer.modules()}
+    targets = [name for name, m in student.named_modules() if _is_linear(m) and m not in skip and name]
     if not targets:
-        raise UsageError("--lora-rank: the student has no linear layer to adapt")
-    config = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=targets)
-    model = get_peft_model(student, config)
-    for name, param in model.named_parameters():
-        if name.rsplit(".", 1)[-1] in DISCOUNTS:
-            param.requires_grad_(True)
+        raise UsageError("--lora-rank: the student has no linear layer to adapt outside its heads and mixers")
+    model = get_peft_model(student, LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=targets))
+    for layer in converted:
+        layer.requires_grad_(True)
     return model
 
 

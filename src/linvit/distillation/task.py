@@ -30,9 +30,11 @@ from ..evaluate import autocast, evaluate, image_split
 from ..utils.artifacts import WEIGHTS
 from ..weights import load_weights
 from .student import make_student, merged, train_only_converted_layers, with_lora
-from .teacher import Logits, Teacher, load_teacher, logits_of
+from .teacher import Logits, Teacher, absolute_teacher, load_teacher, logits_of
 from .text import text_splits
 from .transfer import LayerTaps, layer_pairs
+
+VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.conversion.VARIANTS
 
 STAGES = ("both", "attention", "end-to-end")
 
@@ -46,6 +48,7 @@ class DistillConfig(TrainConfig):
     pretrained: bool = False
     model_kwargs: dict = dataclasses.field(default_factory=dict)
     mixer: str = "katz_infsa"
+    gamma_init: float = 0.5  # the Katz series' total weight gamma / (1 - gamma) = 1: softmax's average's scale
     stages: str = "both"
     transfer_epochs: int = 1
     transfer_lr: float = 1e-3
@@ -63,6 +66,8 @@ class DistillConfig(TrainConfig):
     warmup_epochs: int = 0
 
     def __post_init__(self) -> None:
+        if self.mixer.partition(":")[0] not in VARIANTS:
+            raise UsageError(f"mixer must be one of {', '.join(VARIANTS)} (linvit.convert's), got {self.mixer!r}")
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:
@@ -127,14 +132,15 @@ class Distillation(Task):
         self.teacher = teacher = load_teacher(
             config.teacher, config.teacher_file, config.pretrained, config.model_kwargs, config.img_size
         )
-        student = make_student(teacher.model, config.mixer)
+        student = make_student(teacher.model, config.mixer, config.gamma_init)
         if self.start_weights is not None:
             load_weights(student, self.start_weights)
-        taps = LayerTaps(layer_pairs(teacher.model, student))
+        pairs = layer_pairs(teacher.model, student)
+        taps = LayerTaps(pairs)
         if self.stage == "attention":
             train_only_converted_layers(teacher.model, student)
         elif config.lora_rank:
-            student = with_lora(student, config.lora_rank)
+            student = with_lora(student, config.lora_rank, [layer for _, _, layer in pairs])
         teacher.model.to(device)
         build = _text_parts if teacher.language else _image_parts
         train_set, val_loader, collate, labels = build(self, config, rank, world)
@@ -215,6 +221,10 @@ def _image_parts(task: Distillation, config: DistillConfig, rank: int, world: in
 
 def _text_parts(task: Distillation, config: DistillConfig, rank: int, world: int):
     vocab = task.teacher.model.get_output_embeddings().weight.shape[0]
+    model_config = task.teacher.model.config
+    positions = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "n_positions", None)
+    if positions and config.context > positions:
+        raise UsageError(f"--context {config.context} is longer than the teacher's {positions} positions")
     train, val = text_splits(
         config.data, task.teacher.tokenizer, vocab, config.context, config.train_windows, config.seed
     )
@@ -260,6 +270,7 @@ def run_distill(config: DistillConfig) -> nn.Module:
     """`linvit distill`: every stage in turn (each resumes with --resume); returns the final student."""
     if config.teacher is None or config.data is None or config.output is None:
         raise UsageError("distill needs a teacher, data and an output folder")
+    config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
     start = None
     with distributed_session(config.device):  # one process group for both stages
         for stage, stage_config in stage_configs(config):
@@ -267,6 +278,6 @@ def run_distill(config: DistillConfig) -> nn.Module:
             fit(task, stage_config)
             barrier()  # rank 0 has written the stage's model folder, which the next stage starts from
             start = Path(stage_config.output) / WEIGHTS
-    student = make_student(task.teacher.model.cpu(), config.mixer)
+    student = make_student(task.teacher.model.cpu(), config.mixer, config.gamma_init)
     load_weights(student, start)
     return student.eval()

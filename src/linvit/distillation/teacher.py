@@ -32,8 +32,23 @@ class Teacher:
     tokenizer: object = None  # language: a Hugging Face tokenizer, or None for bytes
 
 
+def absolute_teacher(spec: str) -> str:
+    """spec with a local folder made absolute (a run folder, hf:./model), so that a distilled run rebuilds its
+    student from any working directory; names and Hub ids as they are."""
+    if spec.startswith("hf:") and Path(spec[3:]).expanduser().exists():
+        return "hf:" + str(Path(spec[3:]).expanduser().resolve())
+    if not spec.startswith(("hf:", "torchvision:")) and Path(spec).exists():
+        return str(Path(spec).resolve())
+    return spec
+
+
 def load_teacher(spec: str, file: str | None = None, pretrained: bool = False, model_kwargs=None, img_size=None):
     """The frozen teacher named by spec (module docstring); file: its weights where the spec has none."""
+    if (spec.startswith("hf:") or Path(spec).exists()) and (model_kwargs or img_size):
+        raise UsageError(
+            f"--teacher {spec} brings its own architecture and input size: --model-kwargs and --img-size go with a "
+            "timm or torchvision name"
+        )
     if spec.startswith("hf:"):
         teacher = _huggingface(spec[3:], file)
     elif spec.startswith("torchvision:"):

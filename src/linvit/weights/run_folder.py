@@ -106,6 +106,10 @@ def _timm_folder_model(folder: Path, config: Config) -> dict:
     teacher) from the timm config.json it wrote: its architecture, model_args (size and classes come from the
     checkpoint, see create_for_checkpoint) and, unless given, the input size and crop it was trained with."""
     found = read_run_config(folder)
+    if found is not None and "architecture" not in found[1] and found[1]["linvit"].get("task") == "distillation":
+        raise UsageError(
+            f"{folder}: a torchvision or Hugging Face student, not a timm model: load it with linvit.load_run"
+        )
     if found is None or "architecture" not in found[1]:
         return {}
     data, names = found[1], config.field_names()
