@@ -26,7 +26,7 @@ def vision_table(vision: dict) -> str:
         "| budget | student | method | steps | val top-1 | retention (%) | vs teacher (points) |",
         "|---|---|---|---|---|---|---|",
     ]
-    order = {"distill": 0, "convert + fine-tune": 1, "from scratch": 2}
+    order = {"distill": 0, "distill, gamma_init 0.9": 1, "convert + fine-tune": 2, "from scratch": 3}
     rows = sorted(vision["rows"], key=lambda r: (r["budget"], list(NAMES).index(r["mixer"]), order[r["method"]]))
     for r in rows:
         steps = "/".join(str(s) for s in r["steps"])
@@ -96,7 +96,13 @@ def figure(vision: dict, path: Path) -> None:
     mixers = [m for m in NAMES if any(r["mixer"] == m for r in vision["rows"])]
     fig, axes = plt.subplots(1, len(mixers), figsize=(4 * len(mixers), 3.2), sharey=True, squeeze=False)
     for ax, mixer in zip(axes[0], mixers, strict=True):
-        for method, style in (("distill", "o-"), ("convert + fine-tune", "s--"), ("from scratch", "^:")):
+        styles = (
+            ("distill", "o-"),
+            ("distill, gamma_init 0.9", "o:"),
+            ("convert + fine-tune", "s--"),
+            ("from scratch", "^:"),
+        )
+        for method, style in styles:
             rows = sorted(
                 (r for r in vision["rows"] if r["mixer"] == mixer and r["method"] == method), key=lambda r: r["budget"]
             )

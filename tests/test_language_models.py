@@ -347,3 +347,9 @@ def test_katz_refuses_an_encoder_in_one_line():
     )
     with pytest.raises(ValueError, match="katz_infsa is not wired into transformers' encoders"):
         linvit.convert(transformers.BertModel(cfg), "katz_infsa")
+
+
+def test_a_converted_model_is_not_converted_again_to_the_other_variant():
+    model = _converted("llama", "pure_infsa")
+    with pytest.raises(ValueError, match="already converted \\(linvit_pure_infsa\\): convert its softmax original"):
+        linvit.convert(model, "katz_infsa")

@@ -74,6 +74,9 @@ def convert_language_model(model: nn.Module, variant: str, gamma_init: float, mo
         raise UsageError(
             "encoder-decoder models (cross-attention over the encoder) are not supported; decoders and encoders are"
         )
+    current = str(getattr(model.config, "_attn_implementation", None))
+    if current.startswith("linvit_") and current != f"linvit_{variant}":  # its hooks and state are the other's
+        raise UsageError(f"this model is already converted ({current}): convert its softmax original to {variant}")
     causal = is_causal_model(model, modules)
     if variant == "katz_infsa" and causal:
         from . import language_katz
