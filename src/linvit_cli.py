@@ -513,8 +513,8 @@ def _add_distill_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--gamma-init",
         type=float,
-        default=0.5,
-        help="the converted layers' initial discount (0.5: Katz's output at softmax's scale)",
+        default=None,
+        help="the converted layers' first discount (default: 0.5 for katz_infsa, at softmax's scale; else 0.9)",
     )
     p.add_argument(
         "--stages",

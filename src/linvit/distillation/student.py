@@ -15,7 +15,7 @@ from ..errors import UsageError
 from .transfer import layer_pairs
 
 
-def make_student(teacher: nn.Module, mixer: str, gamma_init: float = 0.5) -> nn.Module:
+def make_student(teacher: nn.Module, mixer: str, gamma_init: float = 0.9) -> nn.Module:
     """A deep copy of the teacher with every attention layer converted to mixer (linvit.convert's variants)."""
     student = copy.deepcopy(teacher).requires_grad_(True)
     convert_if_asked(student, mixer, gamma_init)

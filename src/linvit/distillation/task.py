@@ -39,6 +39,13 @@ VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.conversion.VAR
 STAGES = ("both", "attention", "end-to-end")
 
 
+def default_gamma(mixer: str) -> float:
+    """The converted layers' first discount: 0.5 for Katz-InfSA, whose series then weighs its hops
+    gamma / (1 - gamma) = 1 in all, softmax's weighted average's scale (0.9 starts every layer at about 9 times
+    its teacher's output); linvit.convert's 0.9 for the one-hop mixers. Measured: docs/results.md."""
+    return 0.5 if mixer.startswith("katz_infsa") else 0.9
+
+
 @dataclasses.dataclass
 class DistillConfig(TrainConfig):
     """`linvit distill`: the teacher, the student's mixer, the two stages' lengths and the losses' weights."""
@@ -48,7 +55,7 @@ class DistillConfig(TrainConfig):
     pretrained: bool = False
     model_kwargs: dict = dataclasses.field(default_factory=dict)
     mixer: str = "katz_infsa"
-    gamma_init: float = 0.5  # the Katz series' total weight gamma / (1 - gamma) = 1: softmax's average's scale
+    gamma_init: float | None = None  # None: 0.5 for Katz-InfSA, else linvit.convert's 0.9 (default_gamma)
     stages: str = "both"
     transfer_epochs: int = 1
     transfer_lr: float = 1e-3
@@ -66,6 +73,8 @@ class DistillConfig(TrainConfig):
     warmup_epochs: int = 0
 
     def __post_init__(self) -> None:
+        if self.gamma_init is None:
+            self.gamma_init = default_gamma(self.mixer)
         if self.mixer.partition(":")[0] not in VARIANTS:
             raise UsageError(f"mixer must be one of {', '.join(VARIANTS)} (linvit.convert's), got {self.mixer!r}")
         if self.stages not in STAGES:
