@@ -19,14 +19,13 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Subset
 
 from ..config import TrainConfig
 from ..data import collate_images
 from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..engine import Parts, Run, Task, fit
 from ..errors import UsageError
-from ..evaluate import autocast, evaluate, image_split
+from ..evaluate import autocast, eval_loader, evaluate, image_split
 from ..utils.artifacts import WEIGHTS
 from ..weights import load_weights
 from .student import make_student, merged, train_only_converted_layers, with_lora
@@ -224,7 +223,7 @@ def _image_parts(task: Distillation, config: DistillConfig, rank: int, world: in
             f"the teacher predicts {head} classes but {config.data} has {task.num_classes}: distil on the data "
             "the teacher was trained for (the student keeps the teacher's head)"
         )
-    val_loader = DataLoader(Subset(val, range(rank, len(val), world)), config.batch_size, collate_fn=collate_images)
+    val_loader = eval_loader(val, config.batch_size, config.workers, rank, world)
     return train, val_loader, collate_images, list(train.classes)
 
 
@@ -239,7 +238,7 @@ def _text_parts(task: Distillation, config: DistillConfig, rank: int, world: int
     )
     if int(max(train.ids.max(), val.ids.max())) >= vocab:
         raise UsageError(f"{config.data}: token ids reach {int(train.ids.max())} but the teacher has {vocab}")
-    val_loader = DataLoader(Subset(val, range(rank, len(val), world)), config.batch_size)
+    val_loader = eval_loader(val, config.batch_size, config.workers, rank, world, collate_fn=None)
     return train, val_loader, None, None
 
 

@@ -6,7 +6,7 @@ Spellings of ``--teacher`` (docs/distill.md):
 - ``torchvision:NAME`` (``torchvision.models.get_model``), weights from ``--teacher-file``;
 - ``hf:PATH_OR_ID``: a Hugging Face image classifier or causal language model (``from_pretrained``; a local
   folder offline), its tokenizer when the folder has one.
-The teacher is frozen and in eval mode; the student is a converted copy of it (linvit.distill.task).
+The teacher is frozen and in eval mode; the student is a converted copy of it (distillation.student).
 """
 
 from __future__ import annotations
