@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -270,12 +271,16 @@ def test_stages_go_to_their_folders():
     assert [s for s, _ in stage_configs(config.replace(stages="end-to-end"))] == ["end-to-end"]
 
 
-def test_mismatches_fail_in_one_line(digits, text_file, tmp_path):
+def test_mismatches_fail_in_one_line(digits, text_file, tmp_path, monkeypatch):
     base = dict(data=str(digits), output=str(tmp_path / "x"), **RUNTIME)
     with pytest.raises(ValueError, match="predicts 7 classes but .* has 10"):
         run_distill(DistillConfig(teacher="vit_4l_patch16_224", model_kwargs={**TINY_VIT, "num_classes": 7}, **base))
-    with pytest.raises(ValueError, match="no such file or folder"):
+    with pytest.raises(ValueError, match="no such file or folder"):  # named before transformers is needed
         run_distill(DistillConfig(teacher="hf:/nope/nothing", **base))
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "transformers", None)  # an install without the [hf] extra
+        with pytest.raises(ValueError, match=r"needs transformers: pip install -e \"\.\[hf\]\""):
+            run_distill(DistillConfig(teacher=f"hf:{digits}", **base))
     with pytest.raises(ValueError, match="stages must be one of"):
         DistillConfig(teacher="t", stages="all")
     with pytest.raises(ValueError, match="mixer must be one of"):

@@ -101,14 +101,14 @@ def _torchvision(name: str, file: str | None, img_size, model_kwargs) -> Teacher
 
 
 def _huggingface(name: str, file: str | None) -> Teacher:
-    try:
-        import transformers
-    except ImportError as err:
-        raise UsageError('an hf: teacher needs transformers: pip install -e ".[hf]"') from err
     if file is not None:
         raise UsageError("--teacher-file goes with a timm or torchvision model; hf: teachers bring their weights")
     if name.startswith(("/", ".", "~")):  # a local folder, not a Hub id: a typo is named as one
         check_exists(Path(name).expanduser())
+    try:
+        import transformers
+    except ImportError as err:
+        raise UsageError('an hf: teacher needs transformers: pip install -e ".[hf]"') from err
     try:
         config = transformers.AutoConfig.from_pretrained(name)
     except OSError as err:
