@@ -85,7 +85,8 @@ def test_two_digit_tasks_draw_two_distant_digits_and_box_both(task):
 
 
 def test_max_labels_follow_the_distribution_of_a_maximum():
-    labels = np.array([DigitCanvases("val", task="max", canvas=64, clutter=0)[i][1] for i in range(500)])
+    canvases = DigitCanvases("val", task="max", canvas=64, clutter=0)
+    labels = np.array([canvases[i][1] for i in range(500)])
     counts = np.bincount(labels, minlength=10)
     assert counts[9] > 60 and counts[0] < 15  # P(max = k) = (2k + 1) / 100: 19% nines, 1% zeros
 
