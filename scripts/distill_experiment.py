@@ -2,12 +2,14 @@
 converting and fine-tuning, and against training the student from scratch for the same steps.
 
     python scripts/distill_experiment.py --part vision --seeds 0 1 2     # resumable, stage by stage
+    python scripts/distill_experiment.py --part vision --task max --budgets 0.1
     python scripts/distill_experiment.py --part language --seeds 0 1 2
     python scripts/distill_experiment.py --part timing
     python scripts/distill_experiment.py --report-only --publish docs    # JSON, figure, docs/results.md table
 
-Vision: the teachers are the reproduce protocol's softmax ViT-4L runs on `digit` (linvit.reproduce.plan: 14
-epochs of 62 steps = 868 steps, the same command). Each student distils its teacher with `linvit distill` in
+Vision: the teachers are the reproduce protocol's softmax ViT-4L runs on `digit`, and on `max` with --task max
+(OUT/vision_max; only the chosen recipes, not the evidence for them) (linvit.reproduce.plan: 14 epochs of 62
+steps = 868 steps, the same command). Each student distils its teacher with `linvit distill` in
 3 epochs of L canvases (L = budget x 868 / 3 steps of 64), for budgets of 5%, 10% and 25% of the teacher's
 steps: Katz and pure InfSA in 2 epochs of attention transfer (lr 2e-3) and 1 end to end, Linear-InfSA in 1 and 2
 (lr 1e-3; the runs of that recipe for every mixer and both first discounts are kept as the split's evidence).
@@ -70,7 +72,7 @@ def methods(mixer: str) -> dict[str, str]:
 
 
 RECIPE = RECIPES["full"]
-DIGIT = TASKS["digit"]
+PARTS = {"digit": "vision", "max": "vision_max"}  # the protocol's task -> its part's folder under OUT
 
 
 def lm_experiment():
@@ -86,72 +88,72 @@ def canvases(budget: float) -> int:
     return round(budget * TEACHER_STEPS / 3) * 64
 
 
-def vision_stages(out: str, seeds: list[int]) -> list[Stage]:
+def vision_stages(out: str, seeds: list[int], task_name: str = "digit", budgets=(0.10, 0.05, 0.25)) -> list[Stage]:
     """The teachers, then every run at the goal's 10% budget, then at 5%, then 25% (distillation before the
-    comparisons), so a sweep cut short has the goal's rows first."""
-    planner = Planner(f"{out}/vision", "cpu", RECIPE)
-    stages = [planner.train(DIGIT, "softmax", seed) for seed in seeds]
-    for budget in (0.10, 0.05, 0.25):
-        data = f"digits:digit,canvas=32,clutter=0,length={canvases(budget)}"
-        for seed in seeds:
-            teacher_run = f"{out}/vision/runs/digit/softmax/s{seed}"
-            stages += [_distill(out, teacher_run, data, mixer, seed, budget) for mixer in MIXERS]
-            stages += [
-                _distill_transfer_heavy(out, teacher_run, data, mixer, seed, budget) for mixer in TRANSFER_MIXERS
-            ]
-        for seed in seeds:
-            teacher_run = f"{out}/vision/runs/digit/softmax/s{seed}"
+    comparisons), so a sweep cut short has the goal's rows first. On `digit`, also the recipes kept as evidence
+    for the chosen ones (both first discounts, the 1 + 2 split for every mixer)."""
+    task, part = TASKS[task_name], f"{out}/{PARTS[task_name]}"
+    stages = [Planner(part, "cpu", RECIPE).train(task, "softmax", seed) for seed in seeds]
+    for budget in budgets:
+        data = f"digits:{task.name},canvas={task.canvas},clutter={task.clutter},length={canvases(budget)}"
+        teachers = {seed: f"{part}/runs/{task.name}/softmax/s{seed}" for seed in seeds}
+        for seed, teacher_run in teachers.items():
+            chosen = [_distill_transfer_heavy(part, teacher_run, data, m, seed, budget) for m in TRANSFER_MIXERS]
+            chosen.append(_distill(part, teacher_run, data, "linear_infsa", seed, budget, 0.9))
+            evidence = [_distill(part, teacher_run, data, m, seed, budget, g) for m in MIXERS for g in GAMMA_FOLDERS]
+            stages += chosen + [s for s in evidence if task_name == "digit" and s.name not in {c.name for c in chosen}]
+        for seed, teacher_run in teachers.items():
             for mixer, family in MIXERS.items():
                 stages += [
-                    _convert_finetune(out, teacher_run, data, mixer, seed, budget),
-                    _scratch(out, data, family, seed, budget),
+                    _convert_finetune(part, teacher_run, data, mixer, seed, budget, task),
+                    _scratch(part, data, family, seed, budget, task),
                 ]
     return stages
 
 
-def _stage(name: str, out: str, argv: list[str], info: dict) -> Stage:
-    folder = f"{out}/vision/{name}"
+def _stage(name: str, part: str, argv: list[str], info: dict) -> Stage:
+    folder = f"{part}/{name}"
     argv = [*argv, "--output", folder, "--workers", "0", "--device", "cpu", "--resume", "auto", "--no-progress"]
     return Stage(name, argv, [f"{name}/model.safetensors", f"{name}/metrics.jsonl"], 30, info)
 
 
-def _distill(out, teacher_run, data, mixer, seed, budget) -> Stage:
+def _distill(part, teacher_run, data, mixer, seed, budget, gamma: float) -> Stage:
+    """The 1 + 2 recipe at first discount gamma, in its GAMMA_FOLDERS folder."""
     argv = ["distill", "--teacher", teacher_run, "--data", data, "--mixer", mixer, "--seed", str(seed)]
-    argv += ["--gamma-init", "0.5"]  # OUT/vision/distill's runs (GAMMA_FOLDERS)
-    argv += ["--transfer-epochs", "1", "--epochs", "2", "--batch-size", "64"]
+    argv += ["--gamma-init", str(gamma), "--transfer-epochs", "1", "--epochs", "2", "--batch-size", "64"]
     info = {"method": "distill", "mixer": mixer, "seed": seed, "budget": budget}
-    return _stage(f"distill/{mixer}/b{budget:g}/s{seed}", out, argv, info)
+    return _stage(f"{GAMMA_FOLDERS[gamma]}/{mixer}/b{budget:g}/s{seed}", part, argv, info)
 
 
-def _distill_transfer_heavy(out, teacher_run, data, mixer, seed, budget) -> Stage:
+def _distill_transfer_heavy(part, teacher_run, data, mixer, seed, budget) -> Stage:
     argv = ["distill", "--teacher", teacher_run, "--data", data, "--mixer", mixer, "--seed", str(seed)]
     argv += ["--transfer-epochs", "2", "--transfer-lr", "2e-3", "--epochs", "1", "--batch-size", "64"]
     info = {"method": "distill", "mixer": mixer, "seed": seed, "budget": budget}
-    return _stage(f"{TRANSFER_HEAVY}/{mixer}/b{budget:g}/s{seed}", out, argv, info)
+    return _stage(f"{TRANSFER_HEAVY}/{mixer}/b{budget:g}/s{seed}", part, argv, info)
 
 
-def _train_argv(model: str, family: str, data: str, seed: int, lr: float) -> list[str]:
-    argv = ["train", "--model", model, "--data", data, "--img-size", "32", "--crop-pct", "1.0", "--seed", str(seed)]
-    argv += ["--epochs", "3", "--batch-size", "64", "--lr", str(lr), "--drop-path", "0", "--aa", "none"]
-    argv += ["--mixup", "0", "--cutmix", "0", "--reprob", "0", "--smoothing", "0", "--scale", "1", "1"]
+def _train_argv(model: str, family: str, data: str, seed: int, lr: float, task) -> list[str]:
+    argv = ["train", "--model", model, "--data", data, "--img-size", str(task.canvas), "--crop-pct", "1.0"]
+    argv += ["--seed", str(seed), "--epochs", "3", "--batch-size", "64", "--lr", str(lr), "--drop-path", "0"]
+    argv += ["--aa", "none", "--mixup", "0", "--cutmix", "0", "--reprob", "0", "--smoothing", "0", "--scale", "1", "1"]
     argv += ["--ratio", "1", "1", "--hflip", "0", "--warmup-epochs", "0"]
-    return argv + model_kwargs(family, RECIPE, DIGIT)
+    return argv + model_kwargs(family, RECIPE, task)
 
 
-def _convert_finetune(out, teacher_run, data, mixer, seed, budget) -> Stage:
-    argv = _train_argv("vit_4l_patch16_224", "softmax", data, seed, 1e-4)  # the distillation's end-to-end lr
+def _convert_finetune(part, teacher_run, data, mixer, seed, budget, task) -> Stage:
+    argv = _train_argv("vit_4l_patch16_224", "softmax", data, seed, 1e-4, task)  # the distillation's end-to-end lr
     argv += ["--pretrained-file", f"{teacher_run}/model.safetensors", "--convert", mixer]
     info = {"method": "convert + fine-tune", "mixer": mixer, "seed": seed, "budget": budget}
-    return _stage(f"finetune/{mixer}/b{budget:g}/s{seed}", out, argv, info)
+    return _stage(f"finetune/{mixer}/b{budget:g}/s{seed}", part, argv, info)
 
 
-def _scratch(out, data, family, seed, budget) -> Stage:
+def _scratch(part, data, family, seed, budget, task) -> Stage:
     from linvit.reproduce.plan import FAMILIES
 
     mixer = next(m for m, f in MIXERS.items() if f == family)
-    argv = _train_argv(FAMILIES[family][0], family, data, seed, RECIPE.lr)  # the protocol's recipe
+    argv = _train_argv(FAMILIES[family][0], family, data, seed, RECIPE.lr, task)  # the protocol's recipe
     info = {"method": "from scratch", "mixer": mixer, "seed": seed, "budget": budget}
-    return _stage(f"scratch/{mixer}/b{budget:g}/s{seed}", out, argv, info)
+    return _stage(f"scratch/{mixer}/b{budget:g}/s{seed}", part, argv, info)
 
 
 def last_metrics(path: Path) -> dict:
@@ -171,11 +173,12 @@ def steps_of(run: Path) -> int:
     return total
 
 
-def vision_summary(out: Path, seeds: list[int]) -> dict:
+def vision_summary(out: Path, seeds: list[int], task_name: str = "digit") -> dict:
     """Per (method, mixer, budget): val top-1 and its share of the teacher's (retention) over seeds."""
+    part = out / PARTS[task_name]
     teachers = {}
     for seed in seeds:
-        metrics = out / f"vision/runs/digit/softmax/s{seed}/metrics.jsonl"
+        metrics = part / f"runs/{task_name}/softmax/s{seed}/metrics.jsonl"
         if metrics.is_file():
             teachers[seed] = last_metrics(metrics)["val_top1"]
     rows = []
@@ -184,7 +187,7 @@ def vision_summary(out: Path, seeds: list[int]) -> dict:
             for budget in BUDGETS:
                 runs = {}
                 for seed in teachers:
-                    run = out / f"vision/{folder}/{mixer}/b{budget:g}/s{seed}"
+                    run = part / f"{folder}/{mixer}/b{budget:g}/s{seed}"
                     if (run / "model.safetensors").is_file():
                         runs[seed] = (last_metrics(run / "metrics.jsonl")["val_top1"], steps_of(run))
                 if not runs:
@@ -203,7 +206,8 @@ def vision_summary(out: Path, seeds: list[int]) -> dict:
                         "vs_teacher": paired_difference(val, teachers),
                     }
                 )
-    return {"teacher_val_top1": mean_interval(list(teachers.values())), "teachers": teachers, "rows": rows}
+    teacher = mean_interval(list(teachers.values()))
+    return {"task": task_name, "teacher_val_top1": teacher, "teachers": teachers, "rows": rows}
 
 
 def language_teacher(out: Path, seed: int, lm) -> Path:
@@ -311,15 +315,16 @@ def publish(out: Path, docs: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     summaries = {
         p: json.loads((out / p / "summary.json").read_text())
-        for p in ("vision", "language", "timing")
+        for p in (*PARTS.values(), "language", "timing")
         if (out / p / "summary.json").is_file()
     }
     for part, summary in summaries.items():
         (target / f"{part}.json").write_text(json.dumps(summary, indent=2))
-    from distill_report import figure, tables  # scripts/distill_report.py
+    from distill_report import VISION_PARTS, figure, tables  # scripts/distill_report.py
 
-    if "vision" in summaries:
-        figure(summaries["vision"], target / "retention.png")
+    for part, figure_name in VISION_PARTS.items():
+        if part in summaries:
+            figure(summaries[part], target / figure_name)
     text = tables(summaries)
     replace_between(docs / "results.md", BEGIN, END, f"{BEGIN}\n{text}\n{END}")
 
@@ -328,9 +333,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=["vision", "language", "timing"], default=None)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--task", choices=list(PARTS), default="digit", help="the vision part's protocol task")
+    p.add_argument("--budgets", type=float, nargs="+", default=[0.10, 0.05, 0.25], help="vision budgets, in order")
     p.add_argument("--out", default="runs/distill")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--methods", nargs="+", default=["train", "distill", "finetune", "scratch"], help="vision stages")
+    stage_kinds = ["train", TRANSFER_HEAVY, *GAMMA_FOLDERS.values(), "finetune", "scratch"]
+    p.add_argument("--methods", nargs="+", default=stage_kinds, help="vision stages")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--publish", default=None, metavar="DOCS")
     args = p.parse_args()
@@ -338,8 +346,9 @@ def main() -> None:
     out = Path(args.out)
     seeds = sorted(args.seeds)
     if args.part == "vision" and not args.report_only:
-        stages = [s for s in vision_stages(args.out, seeds) if s.name.split("/")[0] in args.methods]
-        run_stages(out / "vision", stages, run_command)
+        stages = vision_stages(args.out, seeds, args.task, args.budgets)
+        stages = [s for s in stages if s.name.split("/")[0] in args.methods]
+        run_stages(out / PARTS[args.task], stages, run_command)
     if args.part == "language" and not args.report_only:
         teacher = language_teacher(out, 0, lm_experiment())  # one teacher (20 CPU minutes); seeds distil it
         run_stages(
@@ -348,8 +357,9 @@ def main() -> None:
     if args.part == "timing" and not args.report_only:
         (out / "timing").mkdir(parents=True, exist_ok=True)
         (out / "timing/summary.json").write_text(json.dumps(decode_timing(), indent=2))
-    if (out / "vision").is_dir():
-        (out / "vision/summary.json").write_text(json.dumps(vision_summary(out, [0, 1, 2]), indent=2))
+    for task_name, part in PARTS.items():
+        if (out / part).is_dir():
+            (out / part / "summary.json").write_text(json.dumps(vision_summary(out, [0, 1, 2], task_name), indent=2))
     if (out / "language").is_dir():
         (out / "language/summary.json").write_text(json.dumps(language_summary(out, [0, 1, 2]), indent=2))
     if args.publish:
