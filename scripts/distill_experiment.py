@@ -58,7 +58,7 @@ TRANSFER_MIXERS = ("katz_infsa", "pure_infsa")
 
 
 def methods(mixer: str) -> dict[str, str]:
-    """method -> its runs' folder under OUT/vision, for one student mixer."""
+    """method -> its runs' folder under the vision part (OUT/vision, OUT/vision_max), for one student mixer."""
     from linvit.distillation.task import default_gamma
 
     chosen = default_gamma(mixer)
@@ -84,7 +84,7 @@ def lm_experiment():
 
 
 def canvases(budget: float) -> int:
-    """Canvases an epoch so that 3 epochs (1 transfer + 2 end to end) of batches of 64 are budget x 868 steps."""
+    """Canvases an epoch so that 3 epochs (both stages together) of batches of 64 are budget x 868 steps."""
     return round(budget * TEACHER_STEPS / 3) * 64
 
 
@@ -310,14 +310,19 @@ def _cache_bytes(cache) -> int:
 
 
 def publish(out: Path, docs: Path) -> None:
-    """docs/distill/: the summaries and a figure; docs/results.md's section between the markers."""
+    """docs/distill/: the summaries and a figure; docs/results.md's section between the markers. A part without
+    runs under OUT keeps its published summary (docs/distill/PART.json), so a clone regenerates the same page."""
     target = docs / "distill"
     target.mkdir(parents=True, exist_ok=True)
-    summaries = {
-        p: json.loads((out / p / "summary.json").read_text())
-        for p in (*PARTS.values(), "language", "timing")
-        if (out / p / "summary.json").is_file()
-    }
+    summaries = {}
+    for part in (*PARTS.values(), "language", "timing"):
+        for source in (out / part / "summary.json", target / f"{part}.json"):
+            summary = json.loads(source.read_text()) if source.is_file() else None
+            if summary is not None and summary.get("rows", True):  # a part without a finished row yet waits
+                summaries[part] = summary
+                break
+    if not summaries:
+        raise SystemExit(f"nothing to publish: no summary under {out} or {target}")
     for part, summary in summaries.items():
         (target / f"{part}.json").write_text(json.dumps(summary, indent=2))
     from distill_report import VISION_PARTS, figure, tables  # scripts/distill_report.py
@@ -334,11 +339,11 @@ def main() -> None:
     p.add_argument("--part", choices=["vision", "language", "timing"], default=None)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--task", choices=list(PARTS), default="digit", help="the vision part's protocol task")
-    p.add_argument("--budgets", type=float, nargs="+", default=[0.10, 0.05, 0.25], help="vision budgets, in order")
+    p.add_argument("--budgets", type=float, nargs="+", choices=BUDGETS, default=[0.10, 0.05, 0.25], help="in order")
     p.add_argument("--out", default="runs/distill")
     p.add_argument("--threads", type=int, default=1)
     stage_kinds = ["train", TRANSFER_HEAVY, *GAMMA_FOLDERS.values(), "finetune", "scratch"]
-    p.add_argument("--methods", nargs="+", default=stage_kinds, help="vision stages")
+    p.add_argument("--methods", nargs="+", choices=stage_kinds, default=stage_kinds, help="vision stages' folders")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--publish", default=None, metavar="DOCS")
     args = p.parse_args()

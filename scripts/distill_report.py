@@ -18,16 +18,22 @@ def _interval(summary: dict, digits: int = 1) -> str:
 def vision_table(vision: dict) -> str:
     teacher = vision["teacher_val_top1"]
     seeds = ", ".join(str(s) for s in sorted(vision["teachers"]))
-    lines = [
+    methods = {r["method"] for r in vision["rows"]}
+    caption = (
         f"Teachers: softmax ViT-4L on `{vision.get('task', 'digit')}`, 868 steps (the reproduce protocol), seeds "
-        f"{seeds}: val top-1 "
-        f"{_interval(teacher)}. Students get budget x 868 steps in 3 epochs; the comparisons train the same steps. "
-        "`distill`: Katz and pure InfSA spend 2 epochs on attention transfer (`--transfer-lr 2e-3`) and 1 end to "
-        "end, Linear-InfSA 1 and 2 (`--transfer-lr 1e-3`); `distill, 1 + 2 epochs` is that second recipe for Katz "
-        "and pure InfSA. Means over seeds, 95% intervals; retention is the student's val top-1 as a share of its "
-        "own teacher's (%). `linvit distill` starts the converted layers at discount 0.5 for Katz-InfSA and 0.9 for "
-        "the others (distillation.task.default_gamma); the rows at the other discount are the evidence for that "
-        "choice.",
+        f"{seeds}: val top-1 {_interval(teacher)}. Students get budget x 868 steps in 3 epochs; the comparisons "
+        "train the same steps. `distill`: Katz and pure InfSA spend 2 epochs on attention transfer "
+        "(`--transfer-lr 2e-3`) and 1 end to end, Linear-InfSA 1 and 2 (`--transfer-lr 1e-3`). Means over seeds, "
+        "95% intervals; retention is the student's val top-1 as a share of its own teacher's (%). `linvit distill` "
+        "starts the converted layers at discount 0.5 for Katz-InfSA and 0.9 for the others "
+        "(distillation.task.default_gamma)."
+    )
+    if "distill, 1 + 2 epochs" in methods:
+        caption += " `distill, 1 + 2 epochs` is Linear-InfSA's recipe for Katz and pure InfSA."
+    if any("gamma_init" in m for m in methods):
+        caption += " The rows at the other first discount are the evidence for that choice."
+    lines = [
+        caption,
         "",
         "| budget | student | method | steps | val top-1 | retention (%) | vs teacher (points) |",
         "|---|---|---|---|---|---|---|",

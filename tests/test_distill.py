@@ -279,6 +279,8 @@ def test_mismatches_fail_in_one_line(digits, text_file, tmp_path, monkeypatch):
         run_distill(DistillConfig(teacher="hf:/nope/nothing", **base))
     with monkeypatch.context() as patch:
         patch.setitem(sys.modules, "transformers", None)  # an install without the [hf] extra
+        with pytest.raises(ValueError, match="no such file or folder"):
+            run_distill(DistillConfig(teacher="hf:/nope/nothing", **base))
         with pytest.raises(ValueError, match=r"needs transformers: pip install -e \"\.\[hf\]\""):
             run_distill(DistillConfig(teacher=f"hf:{digits}", **base))
     with pytest.raises(ValueError, match="stages must be one of"):

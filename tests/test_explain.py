@@ -331,6 +331,7 @@ def test_every_familys_default_map_works_above_the_chunking_threshold(name, kwar
 
     monkeypatch.setattr(maps_module, "DENSE_MAP_MAX_BYTES", maps_module._dense_bytes(1, 1, 4096) - 1)
     monkeypatch.setattr(_chunking, "AUTO_CHUNK_MIN_TOKENS", 4096)
+    monkeypatch.setattr(_chunking, "AUTO_TOKEN_CHUNK", 1024)  # several chunks, as at full size
     args = dict(img_size=32, patch_size=4, num_classes=3)
     args.update(kwargs or dict(depth=1, embed_dim=16, num_heads=2))
     model = timm.create_model(name, **args).eval()
