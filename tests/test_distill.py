@@ -271,6 +271,19 @@ def test_stages_go_to_their_folders():
     assert [s for s, _ in stage_configs(config.replace(stages="end-to-end"))] == ["end-to-end"]
 
 
+def test_settings_of_a_stage_not_run_are_named_not_dropped(recwarn):
+    from linvit.distillation.task import warn_skipped_stage_settings
+
+    config = DistillConfig(teacher="t", transfer_epochs=2, epochs=5)
+    warn_skipped_stage_settings(config)  # both stages run: everything is used
+    warn_skipped_stage_settings(DistillConfig(teacher="t", stages="attention"))  # defaults: nothing to say
+    assert not recwarn.list
+    with pytest.warns(UserWarning, match=r"^--epochs set a stage that --stages attention does not run"):
+        warn_skipped_stage_settings(config.replace(stages="attention"))
+    with pytest.warns(UserWarning, match=r"^--transfer-epochs set a stage that --stages end-to-end does not run"):
+        warn_skipped_stage_settings(config.replace(stages="end-to-end"))
+
+
 def test_mismatches_fail_in_one_line(digits, text_file, tmp_path, monkeypatch):
     base = dict(data=str(digits), output=str(tmp_path / "x"), **RUNTIME)
     with pytest.raises(ValueError, match="predicts 7 classes but .* has 10"):

@@ -13,6 +13,7 @@ OUT ends as a model folder like every run's; `linvit.load_run(OUT)` gives the st
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -274,10 +275,24 @@ def stage_configs(config: DistillConfig) -> list[tuple[str, DistillConfig]]:
     return [("attention", first), ("end-to-end", config)]
 
 
+SKIPPED_STAGE_FIELDS = {"attention": ("epochs", "lr"), "end-to-end": ("transfer_epochs", "transfer_lr")}
+
+
+def warn_skipped_stage_settings(config: DistillConfig) -> None:
+    """A warning naming the settings of the stage --stages leaves out, where they differ from the defaults:
+    they would otherwise be dropped without a word."""
+    defaults = {f.name: f.default for f in dataclasses.fields(DistillConfig)}
+    changed = [n for n in SKIPPED_STAGE_FIELDS.get(config.stages, ()) if getattr(config, n) != defaults[n]]
+    if changed:
+        flags = ", ".join("--" + n.replace("_", "-") for n in changed)
+        warnings.warn(f"{flags} set a stage that --stages {config.stages} does not run; ignored", stacklevel=2)
+
+
 def run_distill(config: DistillConfig) -> nn.Module:
     """`linvit distill`: every stage in turn (each resumes with --resume); returns the final student."""
     if config.teacher is None or config.data is None or config.output is None:
         raise UsageError("distill needs a teacher, data and an output folder")
+    warn_skipped_stage_settings(config)
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
     start = None
     with distributed_session(config.device):  # one process group for both stages
