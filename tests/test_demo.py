@@ -119,6 +119,8 @@ def test_switching_the_method_redraws_the_map(page_and_models):
     page.wait_for_function("() => document.querySelector('#method-0')?.textContent.includes('linear')", timeout=120_000)
     page.click("#method input")
     page.get_by_role("option", name="column", exact=True).click()
+    # the dropdown holds the choice before Run reads it (under load, a click could outrun the selection)
+    page.wait_for_function("() => document.querySelector('#method input')?.value === 'column'", timeout=60_000)
     page.click("#run")
     page.wait_for_function("() => document.querySelector('#method-0')?.textContent.includes('column')", timeout=120_000)
     page.wait_for_function("() => document.querySelector('#method-1')?.textContent.includes('column')", timeout=120_000)
