@@ -149,8 +149,12 @@ def figure(vision: dict, path: Path) -> None:
                 r["retention"]["high"] if r["retention"]["high"] is not None else m
                 for r, m in zip(rows, mean, strict=True)
             ]
-            ax.plot(x, mean, style, label=method)
-            ax.fill_between(x, low, high, alpha=0.15)
+            spread = [
+                [m - lo for m, lo in zip(mean, low, strict=True)],
+                [h - m for m, h in zip(mean, high, strict=True)],
+            ]
+            ax.errorbar(x, mean, yerr=spread, fmt=style, capsize=3, label=method)  # the 95% interval over seeds
+            ax.set_xticks(x)
         ax.axhline(99, color="grey", lw=0.8, ls="--")
         ax.set_title(f"student: {NAMES[mixer]}")
         ax.set_xlabel("% of the teacher's training steps")
