@@ -122,6 +122,21 @@ def tables(summaries: dict) -> str:
     return "\n\n".join(parts)
 
 
+def _retention_points(rows: list[dict]) -> tuple[list[float], list[float], list[list[float]]]:
+    """Budgets (%), mean retention and its 95% interval as error-bar lengths (none for a single seed)."""
+    x = [100 * r["budget"] for r in rows]
+    mean = [r["retention"]["mean"] for r in rows]
+    low = [r["retention"]["low"] if r["retention"]["low"] is not None else m for r, m in zip(rows, mean, strict=True)]
+    high = [
+        r["retention"]["high"] if r["retention"]["high"] is not None else m for r, m in zip(rows, mean, strict=True)
+    ]
+    return (
+        x,
+        mean,
+        [[m - lo for m, lo in zip(mean, low, strict=True)], [h - m for m, h in zip(mean, high, strict=True)]],
+    )
+
+
 def figure(vision: dict, path: Path) -> None:
     """Retention against budget, one panel per student mixer, one line per method (mean and interval)."""
     import matplotlib
@@ -131,31 +146,18 @@ def figure(vision: dict, path: Path) -> None:
 
     mixers = [m for m in NAMES if any(r["mixer"] == m for r in vision["rows"])]
     fig, axes = plt.subplots(1, len(mixers), figsize=(4 * len(mixers), 3.2), sharey=True, squeeze=False)
+    styles = (("distill", "o-"), ("convert + fine-tune", "s--"), ("from scratch", "^:"))
     for ax, mixer in zip(axes[0], mixers, strict=True):
-        styles = (("distill", "o-"), ("convert + fine-tune", "s--"), ("from scratch", "^:"))
-        for method, style in styles:
-            rows = sorted(
-                (r for r in vision["rows"] if r["mixer"] == mixer and r["method"] == method), key=lambda r: r["budget"]
-            )
-            if not rows:
-                continue
-            x = [100 * r["budget"] for r in rows]
-            mean = [r["retention"]["mean"] for r in rows]
-            low = [
-                r["retention"]["low"] if r["retention"]["low"] is not None else m
-                for r, m in zip(rows, mean, strict=True)
-            ]
-            high = [
-                r["retention"]["high"] if r["retention"]["high"] is not None else m
-                for r, m in zip(rows, mean, strict=True)
-            ]
-            spread = [
-                [m - lo for m, lo in zip(mean, low, strict=True)],
-                [h - m for m, h in zip(mean, high, strict=True)],
-            ]
-            ax.errorbar(x, mean, yerr=spread, fmt=style, capsize=3, label=method)  # the 95% interval over seeds
-            ax.set_xticks(x)
-        ax.axhline(99, color="grey", lw=0.8, ls="--")
+        budgets = set()
+        for dodge, (method, style) in zip((-0.5, 0.0, 0.5), styles, strict=True):  # side by side at one budget
+            rows = sorted((r for r in vision["rows"] if (r["mixer"], r["method"]) == (mixer, method)),
+                          key=lambda r: r["budget"])  # fmt: skip
+            if rows:
+                x, mean, spread = _retention_points(rows)
+                budgets |= set(x)
+                ax.errorbar([b + dodge for b in x], mean, yerr=spread, fmt=style, capsize=3, label=method)
+        ax.axhline(99, color="grey", lw=0.8, ls="--", label="goal: 99%")
+        ax.set_xticks(sorted(budgets))
         ax.set_title(f"student: {NAMES[mixer]}")
         ax.set_xlabel("% of the teacher's training steps")
     axes[0][0].set_ylabel("val top-1, % of the teacher's")

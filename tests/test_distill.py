@@ -271,17 +271,23 @@ def test_stages_go_to_their_folders():
     assert [s for s, _ in stage_configs(config.replace(stages="end-to-end"))] == ["end-to-end"]
 
 
-def test_settings_of_a_stage_not_run_are_named_not_dropped(recwarn):
-    from linvit.distillation.task import warn_skipped_stage_settings
+def test_settings_of_a_stage_not_run_are_named_not_dropped(digits, tmp_path, capsys):
+    from linvit.distillation.task import skipped_stage_settings
 
-    config = DistillConfig(teacher="t", transfer_epochs=2, epochs=5)
-    warn_skipped_stage_settings(config)  # both stages run: everything is used
-    warn_skipped_stage_settings(DistillConfig(teacher="t", stages="attention"))  # defaults: nothing to say
-    assert not recwarn.list
-    with pytest.warns(UserWarning, match=r"^--epochs set a stage that --stages attention does not run"):
-        warn_skipped_stage_settings(config.replace(stages="attention"))
-    with pytest.warns(UserWarning, match=r"^--transfer-epochs set a stage that --stages end-to-end does not run"):
-        warn_skipped_stage_settings(config.replace(stages="end-to-end"))
+    config = DistillConfig(teacher="t", transfer_epochs=2, epochs=5, lora_rank=4, temperature=2.0)
+    assert skipped_stage_settings(config) is None  # both stages run: everything is used
+    assert skipped_stage_settings(DistillConfig(teacher="t", stages="attention")) is None  # defaults
+    assert skipped_stage_settings(config.replace(stages="attention")) == (
+        "linvit distill: warning: --epochs 5, --lora-rank 4, --temperature 2.0 ignored: --stages attention runs "
+        "attention transfer only (its length and rate are --transfer-epochs, --transfer-lr)"
+    )
+    assert skipped_stage_settings(config.replace(stages="end-to-end")).startswith(
+        "linvit distill: warning: --transfer-epochs 2 ignored: --stages end-to-end runs the end-to-end stage only"
+    )
+    with pytest.raises(ValueError, match="no such file or folder"):  # said before the run starts (or fails)
+        run_distill(config.replace(teacher=str(tmp_path / "none"), data=str(digits), output=str(tmp_path / "x"),
+                                   stages="attention"))  # fmt: skip
+    assert capsys.readouterr().err.startswith("linvit distill: warning: --epochs 5")
 
 
 def test_mismatches_fail_in_one_line(digits, text_file, tmp_path, monkeypatch):

@@ -13,7 +13,8 @@ OUT ends as a model folder like every run's; `linvit.load_run(OUT)` gives the st
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import os
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -275,24 +276,32 @@ def stage_configs(config: DistillConfig) -> list[tuple[str, DistillConfig]]:
     return [("attention", first), ("end-to-end", config)]
 
 
-SKIPPED_STAGE_FIELDS = {"attention": ("epochs", "lr"), "end-to-end": ("transfer_epochs", "transfer_lr")}
+END_TO_END_FIELDS = ("epochs", "lr", "lora_rank", "temperature", "hard_weight", "feature_weight")
+SKIPPED_STAGE_FIELDS = {"attention": END_TO_END_FIELDS, "end-to-end": ("transfer_epochs", "transfer_lr")}
+STAGE_HINTS = {
+    "attention": "runs attention transfer only (its length and rate are --transfer-epochs, --transfer-lr)",
+    "end-to-end": "runs the end-to-end stage only (its length and rate are --epochs, --lr)",
+}
 
 
-def warn_skipped_stage_settings(config: DistillConfig) -> None:
-    """A warning naming the settings of the stage --stages leaves out, where they differ from the defaults:
-    they would otherwise be dropped without a word."""
+def skipped_stage_settings(config: DistillConfig) -> str | None:
+    """A notice naming the settings of the stage --stages leaves out, where they differ from the defaults
+    (they would otherwise be dropped without a word); None when there are none."""
     defaults = {f.name: f.default for f in dataclasses.fields(DistillConfig)}
     changed = [n for n in SKIPPED_STAGE_FIELDS.get(config.stages, ()) if getattr(config, n) != defaults[n]]
-    if changed:
-        flags = ", ".join("--" + n.replace("_", "-") for n in changed)
-        warnings.warn(f"{flags} set a stage that --stages {config.stages} does not run; ignored", stacklevel=2)
+    if not changed:
+        return None
+    flags = ", ".join(f"--{n.replace('_', '-')} {getattr(config, n)}" for n in changed)
+    return f"linvit distill: warning: {flags} ignored: --stages {config.stages} {STAGE_HINTS[config.stages]}"
 
 
 def run_distill(config: DistillConfig) -> nn.Module:
     """`linvit distill`: every stage in turn (each resumes with --resume); returns the final student."""
     if config.teacher is None or config.data is None or config.output is None:
         raise UsageError("distill needs a teacher, data and an output folder")
-    warn_skipped_stage_settings(config)
+    notice = skipped_stage_settings(config)
+    if notice and int(os.environ.get("RANK", "0")) == 0:  # once under torchrun (before the process group exists)
+        print(notice, file=sys.stderr)
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
     start = None
     with distributed_session(config.device):  # one process group for both stages
