@@ -2,7 +2,7 @@
 converting and fine-tuning, and against training the student from scratch for the same steps.
 
     python scripts/distill_experiment.py --part vision --seeds 0 1 2     # resumable, stage by stage
-    python scripts/distill_experiment.py --part vision --task max --budgets 0.1
+    python scripts/distill_experiment.py --part vision --task max
     python scripts/distill_experiment.py --part language --seeds 0 1 2
     python scripts/distill_experiment.py --part timing
     python scripts/distill_experiment.py --report-only --publish docs    # JSON, figure, docs/results.md table
