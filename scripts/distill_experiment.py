@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from linvit.distillation.task import default_gamma
 from linvit.reproduce.plan import RECIPES, TASKS, Planner, Stage, model_kwargs
 from linvit.reproduce.report import replace_between
 from linvit.reproduce.stages import run_stages
@@ -59,8 +60,6 @@ TRANSFER_MIXERS = ("katz_infsa", "pure_infsa")
 
 def methods(mixer: str) -> dict[str, str]:
     """method -> its runs' folder under the vision part (OUT/vision, OUT/vision_max), for one student mixer."""
-    from linvit.distillation.task import default_gamma
-
     chosen = default_gamma(mixer)
     other = next(g for g in GAMMA_FOLDERS if g != chosen)
     if mixer in TRANSFER_MIXERS:
@@ -99,7 +98,9 @@ def vision_stages(out: str, seeds: list[int], task_name: str = "digit", budgets=
         teachers = {seed: f"{part}/runs/{task.name}/softmax/s{seed}" for seed in seeds}
         for seed, teacher_run in teachers.items():
             chosen = [_distill_transfer_heavy(part, teacher_run, data, m, seed, budget) for m in TRANSFER_MIXERS]
-            chosen.append(_distill(part, teacher_run, data, "linear_infsa", seed, budget, 0.9))
+            chosen.append(
+                _distill(part, teacher_run, data, "linear_infsa", seed, budget, default_gamma("linear_infsa"))
+            )
             evidence = [_distill(part, teacher_run, data, m, seed, budget, g) for m in MIXERS for g in GAMMA_FOLDERS]
             stages += chosen + [s for s in evidence if task_name == "digit" and s.name not in {c.name for c in chosen}]
         for seed, teacher_run in teachers.items():
