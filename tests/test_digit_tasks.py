@@ -41,6 +41,36 @@ def test_canvases_are_a_function_of_seed_epoch_and_index():
     assert first[0].shape == (3, 48, 48) and 0 <= first[0].min() and first[0].max() <= 1
 
 
+@pytest.mark.parametrize("length", [64, 1024, 1856, 4608, 9000])
+def test_any_length_draws_every_class_in_the_splits_proportion(length):
+    """Issue 45.1: the split is sorted by label, and item i used to show digit i, so length=1024 trained on
+    digits 0-2 only. Any length now draws a class-balanced permutation of the whole split."""
+    data = DigitCanvases("train", task="digit", canvas=32, length=length, seed=0)
+    counts = np.bincount([int(data.labels[data.digit_of(i)]) for i in range(length)], minlength=10)
+    assert counts.max() - counts.min() <= 1 + length // 4000  # one digit per pass over the split
+    assert [int(data[i][1]) for i in range(0, length, 97)] == [
+        int(data.labels[data.digit_of(i)]) for i in range(0, length, 97)
+    ]  # the label follows the digit drawn
+
+
+def test_a_short_epoch_is_a_seeded_sample_fresh_each_epoch_and_reproducible():
+    data = DigitCanvases("train", canvas=32, length=500, seed=0)
+    first = [data.digit_of(i) for i in range(500)]
+    assert len(set(first)) == 500  # no digit twice within a pass
+    again = DigitCanvases("train", canvas=32, length=500, seed=0)
+    assert [again.digit_of(i) for i in reversed(range(500))] == first[::-1]  # order of access does not matter
+    data.set_epoch(1)
+    second = [data.digit_of(i) for i in range(500)]
+    assert len(set(first) & set(second)) < 150  # about 500 x 500 / 4000 = 62 by chance
+    data.set_epoch(0)
+    assert [data.digit_of(i) for i in range(500)] == first  # a resumed epoch draws the same digits
+    assert [DigitCanvases("train", canvas=32, length=500, seed=1).digit_of(i) for i in range(500)] != first
+    full = DigitCanvases("train", canvas=32, seed=0)
+    assert [full.digit_of(i) for i in range(4000)] == list(range(4000))  # the split's own length: each digit once
+    long = DigitCanvases("train", canvas=32, length=8000, seed=0)
+    assert sorted(long.digit_of(i) for i in range(4000, 8000)) == list(range(4000))  # every lap covers the split
+
+
 def test_item_streams_differ_between_splits_and_indices():
     draws = {(s, e, i): item_rng(0, s, e, i).random() for s in ("train", "val") for e in (0, 1) for i in (0, 1)}
     assert len(set(draws.values())) == len(draws)

@@ -78,6 +78,19 @@ def split_digits(labels: np.ndarray, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+def balanced_order(labels: np.ndarray, seed: int, split: str, epoch: int, lap: int) -> np.ndarray:
+    """A seeded permutation of a split's digits whose every prefix holds each class in the split's proportion
+    (to within one digit): each class is shuffled, its j-th digit keyed (j + u) / count with u uniform in
+    [0, 1), and the keys sorted. A length below the split's size then sees every class, evenly; lap counts
+    the passes over the split that a longer length makes within one epoch."""
+    rng = np.random.default_rng([seed, zlib.crc32(split.encode()), epoch, lap, 0x6C656E])
+    keys = np.empty(len(labels))
+    for cls in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        keys[members] = (np.arange(len(members)) + rng.random(len(members))) / len(members)
+    return np.argsort(keys, kind="stable")
+
+
 def item_rng(seed: int, split: str, epoch: int, index: int) -> np.random.Generator:
     """The random stream of one canvas: the same (seed, split, epoch, index) always draws the same canvas."""
     return np.random.default_rng([seed, zlib.crc32(split.encode()), epoch, index])
@@ -129,7 +142,9 @@ class DigitCanvases(Dataset):
         canvas: side in pixels (max and sum need at least 2 * 28 + 8 so two digits fit apart).
         clutter: fragments per canvas on the standard splits.
         seed: the digit split and every canvas's stream.
-        length: items per epoch (default: the split's digit count).
+        length: items per epoch (default: the split's digit count, each digit once). Any other length draws its
+            digits from a class-balanced permutation of the whole split, fresh for each seed and epoch
+            (balanced_order), so a short epoch still sees every class in the split's proportion.
         transform: applied to the RGB canvas (timm's train or eval transform).
     """
 
@@ -157,6 +172,19 @@ class DigitCanvases(Dataset):
         self.drawing = drawing_for(split, clutter)
         self.length = length or len(chosen)
         self.epoch = 0
+        self._orders: dict[tuple[int, int], np.ndarray] = {}  # (epoch, lap) -> balanced_order; a pure function
+
+    def digit_of(self, index: int) -> int:
+        """The split digit that item index shows first: itself at the split's own length, else its place in
+        the epoch's class-balanced order (a pure function of seed, split, epoch and index, so resuming or
+        sharding by rank draws the same digits)."""
+        count = len(self.digits)
+        if self.length == count:
+            return index
+        key = (self.epoch, index // count)
+        if key not in self._orders:
+            self._orders = {key: balanced_order(self.labels, self.seed, self.split, *key)}  # one epoch's lap kept
+        return int(self._orders[key][index % count])
 
     def set_epoch(self, epoch: int) -> None:
         """Fresh canvases for training epochs; the evaluation splits stay fixed."""
@@ -177,7 +205,7 @@ class DigitCanvases(Dataset):
         d = self.drawing
         canvas = np.zeros((self.canvas, self.canvas), dtype=np.uint8)
         draw_clutter(canvas, self.clutter_pool, d.clutter, float(rng.uniform(*d.contrast)), rng)
-        first = index % len(self.digits)
+        first = self.digit_of(index)
         picks = [first] if self.task == "digit" else [first, int(rng.integers(len(self.digits)))]
         drawn = [scaled(self.digits[i], float(rng.uniform(*d.scale)), float(rng.uniform(*d.contrast))) for i in picks]
         if self.task == "digit":
