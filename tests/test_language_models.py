@@ -353,3 +353,37 @@ def test_a_converted_model_is_not_converted_again_to_the_other_variant():
     model = _converted("llama", "pure_infsa")
     with pytest.raises(ValueError, match="already converted \\(linvit_pure_infsa\\): convert its softmax original"):
         linvit.convert(model, "katz_infsa")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("variant", CAUSAL_VARIANTS)
+def test_packed_documents_each_equal_the_document_alone(variant, family):
+    """Issue 45.2: transformers' padding-free packing (position ids restarting, no attention mask) gives a
+    block-diagonal causal mask; each document's logits equal running it alone (causal Katz used to carry its
+    state across the boundary: 4.2 apart). Rows of 120 tokens cross the 64-token chunks."""
+    model = _converted(family, variant)
+    lengths = [[40, 50, 30], [64, 56, 0]]
+    g = torch.Generator().manual_seed(5)
+    docs = [[torch.randint(1, VOCAB, (1, n), generator=g) for n in row if n] for row in lengths]
+    ids = torch.cat([torch.cat(row, dim=1) for row in docs])
+    positions = torch.stack([torch.cat([torch.arange(n) for n in row if n]) for row in lengths])
+    with torch.no_grad():
+        packed = model(ids, position_ids=positions, use_cache=False).logits
+        for b, row in enumerate(docs):
+            start = 0
+            for doc in row:
+                alone = model(doc, use_cache=False).logits
+                assert (packed[b : b + 1, start : start + doc.shape[1]] - alone).abs().max() < 1e-5
+                start += doc.shape[1]
+
+
+def test_katz_refuses_a_mask_its_state_cannot_follow():
+    """A custom 4-D mask that hides one earlier key from one query is no causal, padding or packed pattern."""
+    from linvit.conversion.language_katz import katz_causal_attention
+
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    katz_causal_attention(_Layer(2), q, k, v, mask[None, None])  # causal: accepted
+    mask[4, 1] = False
+    with pytest.raises(ValueError, match="causal, padding and packed-document masks only"):
+        katz_causal_attention(_Layer(2), q, k, v, mask[None, None])

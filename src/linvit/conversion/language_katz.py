@@ -7,10 +7,14 @@ without a cache runs the chunked form; with a cache, each layer's slot in the Ca
 `KatzStateLayer`, which stores the running state (S, z) instead of keys and values, so decode memory stays
 flat in the context length. The slot is installed by a pre-hook that sees the cache the layer is called with
 (generate()'s DynamicCache, or one passed in); a slot another model already filled is refused in one line.
-Padding (a boolean mask from transformers) removes the padded keys from every state.
+Padding (a boolean mask from transformers) removes the padded keys from every state; packed documents (a
+block-diagonal causal mask, transformers' padding-free packing) empty the state where each one starts. Any
+other pattern is refused in one line: the state cannot hide an arbitrary set of keys.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -115,14 +119,41 @@ def install_state_layer(module: nn.Module, args, kwargs) -> None:
     module._linvit_katz_slot = slot
 
 
-def _key_keep(attention_mask: torch.Tensor | None, q_len: int) -> torch.Tensor | None:
-    """(B, q) False for the new keys no query may see (padding); None when there is no mask. Causality is the
-    operator's own, and a sliding window is not applied (FRESH_SLOTS), so only padding is read from the mask."""
+class MaskLayout(NamedTuple):
+    """What a causal Katz layer reads from a mask: the keys to keep (B, q) and where packed documents start
+    (B, q), each None when the mask has none."""
+
+    keep: torch.Tensor | None
+    resets: torch.Tensor | None
+
+
+def read_mask(attention_mask: torch.Tensor | None, q_len: int, sliding_window: int | None = None) -> MaskLayout:
+    """The padding and packed-document starts of a transformers mask (B, 1, q, seen + q), checked: the mask must
+    be causal, less padded keys, within each document; a sliding window is allowed and not applied
+    (FRESH_SLOTS). Anything else (a custom pattern the state cannot follow) is refused in one line."""
     if attention_mask is None:
-        return None
+        return MaskLayout(None, None)
     if attention_mask.dtype != torch.bool:  # an additive float mask: 0 keeps, a large negative removes
         attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-    return attention_mask[:, 0, :, -q_len:].any(dim=-2)
+    mask = attention_mask[:, 0]  # (B, q, seen + q)
+    new = mask[..., -q_len:]
+    keep = new.any(dim=-2)  # a real key is seen at least by its own query
+    resets = torch.zeros_like(keep)
+    sees_previous = new.diagonal(offset=-1, dim1=-2, dim2=-1)  # query i sees key i - 1
+    resets[:, 1:] = keep[:, 1:] & keep[:, :-1] & ~sees_previous
+    document = torch.cumsum(resets.long(), dim=-1)
+    i = torch.arange(q_len, device=mask.device)
+    expected = (i[None, :] <= i[:, None]) & keep[:, None, :] & (document[:, :, None] == document[:, None, :])
+    if sliding_window is not None:
+        expected &= i[:, None] - i[None, :] < sliding_window
+    wrong = (new != expected) & keep[:, :, None]  # padded queries' rows are never read
+    later = (mask[..., :-q_len].any(dim=-1) & (document > 0) & keep)[..., None]  # a new document sees no cache
+    if bool(wrong.any() | later.any()):
+        raise UsageError(
+            "causal Katz-InfSA follows causal, padding and packed-document masks only (its state cannot hide an "
+            "arbitrary set of keys): this mask has another pattern; use pure_infsa for custom masks"
+        )
+    return MaskLayout(keep, resets if bool(resets.any()) else None)
 
 
 def katz_causal_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -140,12 +171,10 @@ def katz_causal_attention(module, query, key, value, attention_mask, scaling=Non
         raise UsageError("causal Katz-InfSA got cached keys: its cache keeps a state, not keys (use a DynamicCache)")
     key, value = _repeat_heads(key, heads), _repeat_heads(value, heads)
     gamma = torch.sigmoid(module.infsa_theta.to(accumulation_dtype(query)))
-    keep = _key_keep(attention_mask, q_len)
+    keep, resets = read_mask(attention_mask, q_len, kwargs.get("sliding_window"))
     state = slot.state if slot is not None else None
-    if state is not None and q_len == 1:
-        out, state = causal_katz_recurrent(query, key, value, gamma, EPS, state=state, key_mask=keep)
-    else:
-        out, state = causal_katz_chunked(query, key, value, gamma, EPS, state=state, key_mask=keep)
+    form = causal_katz_recurrent if state is not None and q_len == 1 else causal_katz_chunked
+    out, state = form(query, key, value, gamma, EPS, state=state, key_mask=keep, resets=resets)
     if slot is not None:
         slot.state = CausalKatzState(*(t.detach() for t in state))
     out = nn.functional.dropout(out, dropout, training=module.training and dropout > 0)

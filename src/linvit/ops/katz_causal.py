@@ -13,6 +13,10 @@ Three forms of one operator: `causal_katz_dense` (O(N^2), the N x N triangular s
 (training: one C x C triangular solve per chunk, the state carried between chunks) and `causal_katz_recurrent`
 (decoding, token by token). Both linear forms take and return the state, so a prompt processed in one call and
 then continued token by token gives what one call over the whole sequence gives.
+
+Packed sequences (several documents in one row, transformers' padding-free packing) are `resets` (B, N), True
+where a document starts: the operator is then block-diagonal, one independent series per document, and the
+linear forms empty the state at each start (a token of document s sees only document s's earlier tokens).
 """
 
 from __future__ import annotations
@@ -78,13 +82,15 @@ def causal_katz_dense(
     eps: float = 1e-6,
     feature_map: str = FEATURES,
     key_mask: torch.Tensor | None = None,
+    resets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_{t>=1} gamma^t A^t v for the row-normalised causal operator A, from the N x N triangular system.
 
-    O(N^2) memory: for tests and maps of short sequences; the linear forms compute the same."""
+    O(N^2) memory: for tests and maps of short sequences; the linear forms compute the same. resets (B, N):
+    True where a packed document starts; A then links only tokens of one document."""
     fq, fk, vv, g = _inputs(q, k, v, gamma, feature_map, key_mask)
     with no_autocast(fq):
-        A = causal_katz_operator_from_features(fq, fk, eps)
+        A = causal_katz_operator_from_features(fq, fk, eps, same_document(resets))
         system = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device) - g * A
         out = torch.linalg.solve_triangular(system, (g * A) @ vv, upper=False)
     return out.to(v.dtype)
@@ -98,8 +104,20 @@ def causal_katz_operator(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6, fe
     )
 
 
-def causal_katz_operator_from_features(fq: torch.Tensor, fk: torch.Tensor, eps: float) -> torch.Tensor:
+def same_document(resets: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, 1, N, N) True where tokens i and j belong to one packed document; None without resets."""
+    if resets is None:
+        return None
+    document = torch.cumsum(resets.long(), dim=-1)
+    return (document[:, :, None] == document[:, None, :])[:, None]
+
+
+def causal_katz_operator_from_features(
+    fq: torch.Tensor, fk: torch.Tensor, eps: float, same: torch.Tensor | None = None
+) -> torch.Tensor:
     scores = torch.tril(fq @ fk.transpose(-2, -1))
+    if same is not None:
+        scores = scores * same.to(scores.dtype)
     return scores / (scores.sum(-1, keepdim=True) + eps)  # n_i = phi(q_i) . sum_{j<=i} phi(k_j) + eps
 
 
@@ -113,22 +131,31 @@ def causal_katz_chunked(
     state: CausalKatzState | None = None,
     chunk_size: int = CHUNK,
     key_mask: torch.Tensor | None = None,
+    resets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, CausalKatzState]:
     """Causal Katz-InfSA of (B, H, N, d) q, k and (B, H, N, D) v, continuing from state (None: the start).
 
     Returns the output (B, H, N, D) in v's dtype and the state after the last token. Per chunk of C tokens:
     O_c = (I - gamma A_cc)^{-1} (gamma A_cc V_c + gamma diag(1/n) phi(Q_c) S), one C x C triangular solve, then
     S += phi(K_c)^T (O_c + V_c). Everything runs in float32 (float64 for float64 inputs), autocast or not.
-    key_mask (B, N) or (B, H, N), True = keep, removes keys (padding) from every later position."""
+    key_mask (B, N) or (B, H, N), True = keep, removes keys (padding) from every later position; resets (B, N),
+    True where a packed document starts, empties the state there."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     fq, fk, vv, g = _inputs(q, k, v, gamma, feature_map, key_mask)
     S, z = _check_state(state, q, v)
+    document = torch.cumsum(resets.long(), dim=-1) if resets is not None else None
+    state_document = q.new_zeros(q.shape[0], dtype=torch.long)  # the document the state belongs to (0: given)
     outs = []
     with no_autocast(fq):
         for start in range(0, q.shape[2], chunk_size):
             part = slice(start, start + chunk_size)
-            out, S, z = _chunk(fq[:, :, part], fk[:, :, part], vv[:, :, part], g, eps, S, z)
+            if document is None:
+                out, S, z = _chunk(fq[:, :, part], fk[:, :, part], vv[:, :, part], g, eps, S, z)
+            else:
+                out, S, z, state_document = _packed_chunk(
+                    fq[:, :, part], fk[:, :, part], vv[:, :, part], g, eps, S, z, document[:, part], state_document
+                )
             outs.append(out)
     out = torch.cat(outs, dim=2) if outs else vv
     return out.to(v.dtype), CausalKatzState(S, z)
@@ -145,6 +172,26 @@ def _chunk(fq, fk, v, g, eps, S, z):
     return out, S + fk.transpose(-2, -1) @ (out + v), prefix[:, :, -1]
 
 
+def _packed_chunk(fq, fk, v, g, eps, S, z, document, state_document):
+    """_chunk for packed rows: document (B, C) is each token's document, state_document (B,) the state's. A token
+    reads the state only if its document is the state's, and the chunk's tokens only of its own document; the
+    state after the chunk holds only the chunk's last document."""
+    dtype = fq.dtype
+    within = torch.tril(document[:, :, None] == document[:, None, :]).to(dtype)[:, None]  # (B, 1, C, C)
+    carried = (document == state_document[:, None]).to(dtype)[:, None, :, None]  # (B, 1, C, 1)
+    prefix = carried * z.unsqueeze(-2) + within @ fk  # z_i: the document's keys so far
+    n = (fq * prefix).sum(-1, keepdim=True) + eps
+    ga = g * (fq @ fk.transpose(-2, -1)) * within / n
+    rhs = ga @ v + g * carried * (fq @ S) / n
+    system = torch.eye(ga.shape[-1], dtype=dtype, device=ga.device) - ga
+    out = torch.linalg.solve_triangular(system, rhs, upper=False)
+    last = document[:, -1]
+    tail = fk * (document == last[:, None]).to(dtype)[:, None, :, None]  # the last document's keys
+    kept = (last == state_document).to(dtype)
+    S = kept[:, None, None, None] * S + tail.transpose(-2, -1) @ (out + v)
+    return out, S, kept[:, None, None] * z + tail.sum(-2), last
+
+
 def causal_katz_recurrent(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -154,6 +201,7 @@ def causal_katz_recurrent(
     feature_map: str = FEATURES,
     state: CausalKatzState | None = None,
     key_mask: torch.Tensor | None = None,
+    resets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, CausalKatzState]:
     """The recurrent form for decoding: the tokens of q, k, v one at a time, O(d D) work and state per token
     and head. Same arguments, results and dtypes as causal_katz_chunked."""
@@ -163,6 +211,9 @@ def causal_katz_recurrent(
     outs = []
     with no_autocast(fq):
         for i in range(q.shape[2]):
+            if resets is not None:  # a packed document starts: forget the state of the one before
+                carry = (~resets[:, i]).to(fq.dtype)[:, None]
+                S, z = S * carry[..., None, None], z * carry[..., None]
             fq_i, fk_i, v_i = fq[:, :, i], fk[:, :, i], vv[:, :, i]  # (B, H, d), (B, H, d), (B, H, D)
             z = z + fk_i
             n = (fq_i * z).sum(-1, keepdim=True) + eps
