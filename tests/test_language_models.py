@@ -47,7 +47,7 @@ def _mistral():  # a window longer than every sequence here: the same path as fu
 FAMILIES = {"gpt2": _gpt2, "llama": _llama, "qwen3": _qwen3, "mistral": _mistral}
 
 
-CAUSAL_VARIANTS = ["pure_infsa", "katz_infsa"]
+CAUSAL_VARIANTS = ["pure_infsa", "katz_infsa", "katz_infsa:hedgehog"]
 
 
 def _converted(family: str, variant: str = "pure_infsa"):
@@ -87,7 +87,9 @@ def test_conversion_reports_every_attention_layer(variant, family):
     assert len(report.converted) == layers and not report.skipped
     assert all(c.heads == 4 and c.width == 32 for c in report.converted)
     assert [c.name for c in report.converted] == [n for n, m in model.named_modules() if hasattr(m, "infsa_theta")]
-    assert model.config._attn_implementation == f"linvit_{variant}"
+    assert model.config._attn_implementation == f"linvit_{variant.partition(':')[0]}"
+    learned = [n for n, _ in model.named_parameters() if "infsa_feature" in n]
+    assert len(learned) == (2 * layers if variant.endswith(":hedgehog") else 0)  # W for queries and keys
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

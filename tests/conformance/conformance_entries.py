@@ -3,9 +3,10 @@
 - classifiers: every name of `linvit.list_models()` (timm's registry filtered to linvit's modules), with every
   ':variant' suffix that applies to it (models.variants.VARIANTS), built tiny (2 blocks, width 32);
 - DiT: one per mixer of `linvit.models.dit.MIXERS`;
-- distillation students: a tiny softmax ViT converted to each of `linvit.convert`'s variants (linvit.distill);
-- language models: GPT-2, Llama, Qwen3 and Mistral on tiny random configs, converted by `linvit.convert` to pure
-  and causal Katz-InfSA;
+- distillation students: a tiny softmax ViT converted to each of `linvit.convert`'s forms (linvit.distill;
+  conversion.FORMS: every variant and each of its options, e.g. `katz_infsa:hedgehog`);
+- language models: GPT-2, Llama, Qwen3 and Mistral on tiny random configs, converted by `linvit.convert` to
+  every form a causal model accepts (pure InfSA, causal Katz-InfSA and its learned feature map);
 - mixers: every attention layer of `linvit.models.infvit.MIXERS` with each of its options.
 
 A new family, variant, DiT mixer or mixer option is enrolled without editing this file. Tiny builds of
@@ -137,13 +138,31 @@ def _lm(family: str, variant: str) -> nn.Module:
     return linvit.convert(source.eval(), variant, gamma_init=0.8)
 
 
+def _causal_forms() -> list[str]:
+    """The conversion forms a causal language model accepts, one per distinct converted model (causal Katz's
+    explicit "elu+1" is its default map)."""
+    from linvit.conversion import FORMS
+
+    found = {}
+    for form in FORMS:
+        try:
+            model = _lm("gpt2", form)
+        except UsageError:
+            continue
+        key = (model.config._attn_implementation, tuple(n for n, _ in model.named_parameters()))
+        found.setdefault(key, form)
+    return list(found.values())
+
+
 def lm_entries() -> list[Entry]:
     try:
         import transformers  # noqa: F401
     except ImportError:
         return []
-    families, variants = ("gpt2", "Llama", "Qwen3", "Mistral"), ("pure_infsa", "katz_infsa")  # the causal ones
-    return [Entry(f"lm:{f}:{v}", "lm", lambda f=f, v=v: _lm(f, v), _lm_inputs) for v in variants for f in families]
+    families = ("gpt2", "Llama", "Qwen3", "Mistral")
+    return [
+        Entry(f"lm:{f}:{v}", "lm", lambda f=f, v=v: _lm(f, v), _lm_inputs) for v in _causal_forms() for f in families
+    ]
 
 
 def _student(variant: str) -> nn.Module:
@@ -155,10 +174,10 @@ def _student(variant: str) -> nn.Module:
 
 def student_entries() -> list[Entry]:
     """`linvit distill`'s students (a softmax ViT converted by linvit.convert, as `infsa_converted`), one per
-    conversion variant, at the size they were built for."""
-    from linvit.conversion import VARIANTS as CONVERSIONS
+    conversion form, at the size they were built for."""
+    from linvit.conversion import FORMS
 
-    return [Entry(f"student:{v}", "classifier", lambda v=v: _student(v), _images) for v in CONVERSIONS]
+    return [Entry(f"student:{v}", "classifier", lambda v=v: _student(v), _images) for v in FORMS]
 
 
 def model_entries() -> list[Entry]:

@@ -9,7 +9,7 @@ Linear- and Katz-InfSA; a causal language model converts to pure or causal Katz-
 """
 
 from .adapters import AttentionWeights, UnmappableAttention
-from .core import VARIANTS, ConversionReport, convert, convert_if_asked, convert_report
+from .core import FORMS, VARIANTS, ConversionReport, convert, convert_if_asked, convert_report
 from .timm_model import infsa_converted
 
 __all__ = [
@@ -20,5 +20,6 @@ __all__ = [
     "AttentionWeights",
     "UnmappableAttention",
     "VARIANTS",
+    "FORMS",
     "infsa_converted",
 ]

@@ -18,7 +18,8 @@ from timm.layers import trunc_normal_
 
 from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
-from ..layers.infsa_attention import LINEAR_VARIANTS, check_choice
+from ..layers.feature_maps import LEARNED_FEATURE_MAPS
+from ..layers.infsa_attention import FEATURE_MAPS, LINEAR_VARIANTS, check_choice
 from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
 from .language import convert_language_model, interface_attention_modules
 from .timm_model import mark_converted
@@ -26,6 +27,24 @@ from .timm_model import mark_converted
 LAYERS = {"pure_infsa": PureInfSAAttention, "linear_infsa": LinearInfSAAttention, "katz_infsa": KatzInfSAAttention}
 VARIANTS = tuple(LAYERS)
 INFSA_TYPES = tuple(LAYERS.values())
+# the option a variant takes after a colon ("katz_infsa:hedgehog", "linear_infsa:softplus"), and its default;
+# pure InfSA's scores are the signed q.k itself (no feature map to learn), so it takes none
+OPTIONS = {"linear_infsa": ("linear_variant", LINEAR_VARIANTS), "katz_infsa": ("feature_map", FEATURE_MAPS)}
+FORMS = VARIANTS + tuple(f"{v}:{o}" for v, (_, choices) in OPTIONS.items() for o in choices[1:])
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """'variant[:option]' -> (variant, {option's name: value}), one-line errors for an unknown one."""
+    variant, sep, option = spec.partition(":")
+    if variant not in LAYERS:
+        raise UsageError(f"unknown variant {variant!r}; choose from {', '.join(FORMS)}")
+    if not sep:
+        return variant, {}
+    if variant not in OPTIONS:
+        raise UsageError(f"{variant} takes no ':option' (its scores are q.k itself); got {spec!r}")
+    name, choices = OPTIONS[variant]
+    check_choice(f"{variant}'s {name}", option, choices)
+    return variant, {name: option}
 
 
 @dataclass
@@ -102,12 +121,20 @@ def _weights_of(adapter, module: nn.Module) -> AttentionWeights:
 
 
 def build_layer(
-    variant: str, w: AttentionWeights, gamma_init: float, copy_weights: bool, linear_variant: str = "release"
+    variant: str,
+    w: AttentionWeights,
+    gamma_init: float,
+    copy_weights: bool,
+    linear_variant: str = "release",
+    feature_map: str = "relu",
+    feature_dim: int | None = None,
 ) -> nn.Module:
     """The linvit InfSA layer for one source attention; its weights are the source's values (copied)."""
     cls = LAYERS[variant]
     ref = w.qkv_weight
     extra = {"linear_variant": linear_variant} if cls is LinearInfSAAttention else {}
+    if cls is KatzInfSAAttention:
+        extra = {"feature_map": feature_map, "feature_dim": feature_dim}
     layer = cls(
         w.dim,
         w.num_heads,
@@ -157,6 +184,7 @@ def convert(
     target_types: Mapping[type, object] | Iterable[type] | None = None,
     copy_weights: bool = True,
     linear_variant: str = "release",
+    feature_dim: int | None = None,
 ) -> nn.Module:
     """Convert the model's attention layers to InfSA in place and return the model.
 
@@ -166,35 +194,44 @@ def convert(
             BERT, ...), which selects pure or causal Katz-InfSA through transformers' attention interface
             (linvit.conversion.language, language_katz; Linear-InfSA refuses causal models).
         variant: "linear_infsa" (O(N), the paper's Linear-InfSA), "pure_infsa" (one normalised hop, honours
-            masks) or "katz_infsa" (linvit's exact infinite-hop series in O(N)).
+            masks) or "katz_infsa" (linvit's exact infinite-hop series in O(N)), with an optional option
+            after a colon (FORMS): "katz_infsa:hedgehog" learns a feature map per head (layers.feature_maps;
+            "katz_infsa:elu+1" a fixed one), "linear_infsa:softplus" a stabilised score map.
         gamma_init: initial discount of every head, in (0, 1); it trains (gamma = sigmoid(theta)).
         include, exclude: regular expressions searched in module names (``model.named_modules()``);
             a module converts if it matches an include pattern (all do without include) and no exclude one.
         target_types: a mapping {module type: adapter} adding (or overriding) adapters for other attention
             classes (see linvit.conversion.adapters), or a list of types restricting the conversion to them.
         copy_weights: carry the q/k/v/output projections (and q/k norms) over; False re-initialises them.
-        linear_variant: Linear-InfSA's score map ("release", or a stabilised form: docs/spec/infsa.md 3.1).
+        linear_variant: Linear-InfSA's score map ("release", or a stabilised form: docs/spec/infsa.md 3.1);
+            the same as "linear_infsa:NAME".
+        feature_dim: a learned feature map's size f (2 f features per head; default the head dim).
 
     Raises:
         ValueError naming the module when a recognised attention cannot be converted (unknown heads,
         cross-attention, unmappable weights); the model is then left unchanged.
     """
-    if variant not in LAYERS:
-        raise UsageError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    base, options = parse_variant(variant)
     if not 0.0 < gamma_init < 1.0:
         raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
     check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
+    if options.get("linear_variant", linear_variant) != linear_variant and linear_variant != "release":
+        raise UsageError(f"variant {variant!r} and linear_variant={linear_variant!r} disagree: give one")
+    linear_variant = options.get("linear_variant", linear_variant)
+    feature_map = options.get("feature_map")  # None: the variant's own (ReLU; ELU + 1 in causal language models)
+    if feature_dim is not None and (feature_map not in LEARNED_FEATURE_MAPS or feature_dim < 1):
+        raise UsageError(f"feature_dim sizes a learned feature map ('katz_infsa:hedgehog'); got {feature_dim}")
     include, exclude = _patterns(include), _patterns(exclude)
     adapters = _chosen_adapters(target_types)
     report = ConversionReport(variant, gamma_init, include, exclude)
     language = _language_model_layers(model, adapters, include, exclude, report)
     if language:
-        model = convert_language_model(model, variant, gamma_init, language, report)
+        model = convert_language_model(model, base, gamma_init, language, report, feature_map, feature_dim)
         model.linvit_conversion = report
         return model
 
     def build(weights: AttentionWeights) -> nn.Module:
-        return build_layer(variant, weights, gamma_init, copy_weights, linear_variant)
+        return build_layer(base, weights, gamma_init, copy_weights, linear_variant, feature_map or "relu", feature_dim)
 
     plan = _replacements(model, adapters, include, exclude, build, report)
     if plan[0][0] == "":
@@ -203,7 +240,8 @@ def convert(
         for name, replacement in plan:
             _set_submodule(model, name, replacement)
     _disable_fused_encoders(model)
-    mark_converted(model, variant, gamma_init, include, exclude, linear_variant)  # timm models reload converted
+    record = f"{base}:{feature_map}" if feature_map not in (None, "relu") else base
+    mark_converted(model, record, gamma_init, include, exclude, linear_variant, feature_dim)  # timm reloads it
     model.linvit_conversion = report
     return model
 
@@ -292,8 +330,7 @@ def convert_if_asked(model: nn.Module, variant: str | None, gamma_init: float = 
     metadata (None when nothing was asked). The model must hold its attention layers below the top level."""
     if variant is None:
         return None
-    base, _, linear_variant = variant.partition(":")  # "linear_infsa:softplus": a stabilised Linear-InfSA
-    report = convert_report(convert(model, base, gamma_init=gamma_init, linear_variant=linear_variant or "release"))
+    report = convert_report(convert(model, variant, gamma_init=gamma_init))  # "katz_infsa:hedgehog" and the like
     return report.to_dict()
 
 

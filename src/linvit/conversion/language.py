@@ -68,8 +68,11 @@ def register_attention(name: str, attention) -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, boolean_mask)
 
 
-def convert_language_model(model: nn.Module, variant: str, gamma_init: float, modules, report) -> nn.Module:
-    """Select pure InfSA for every interface attention layer of a transformers model (see the module doc)."""
+def convert_language_model(
+    model: nn.Module, variant: str, gamma_init: float, modules, report, feature_map=None, feature_dim=None
+) -> nn.Module:
+    """Select pure InfSA or causal Katz-InfSA (with learned feature maps for feature_map "hedgehog") for every
+    interface attention layer of a transformers model (see the module doc)."""
     if getattr(model.config, "is_encoder_decoder", False):
         raise UsageError(
             "encoder-decoder models (cross-attention over the encoder) are not supported; decoders and encoders are"
@@ -82,6 +85,7 @@ def convert_language_model(model: nn.Module, variant: str, gamma_init: float, mo
         from . import language_katz
 
         register_attention(language_katz.ATTENTION_NAME, language_katz.katz_causal_attention)
+        language_katz.add_feature_maps(modules, feature_map, feature_dim)
         _add_discounts(model, modules, gamma_init, report, language_katz.install_state_layer)
         model.set_attn_implementation(language_katz.ATTENTION_NAME)
         return model

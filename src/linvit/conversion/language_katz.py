@@ -21,8 +21,9 @@ import torch.nn as nn
 from transformers.cache_utils import CacheLayerMixin  # this module is imported only for transformers models
 
 from ..errors import UsageError
+from ..layers.feature_maps import LEARNED_FEATURE_MAPS, HedgehogFeatureMap
 from ..ops.common import accumulation_dtype
-from ..ops.katz_causal import CausalKatzState, causal_katz_chunked, causal_katz_recurrent
+from ..ops.katz_causal import FEATURES, CausalKatzState, causal_katz_chunked, causal_katz_recurrent
 
 ATTENTION_NAME = "linvit_katz_infsa"
 EPS = 1e-6
@@ -93,6 +94,25 @@ class KatzStateLayer(CacheLayerMixin):
 
     def prefetch(self) -> None:
         pass
+
+
+def add_feature_maps(modules, feature_map: str | None, feature_dim: int | None) -> None:
+    """Learned feature maps (infsa_feature_q, infsa_feature_k: one W per query head) on every selected layer
+    for "katz_infsa:hedgehog"; the fixed ELU + 1 (spec 4.1) for no option or "elu+1"."""
+    if feature_map in (None, FEATURES):
+        return
+    if feature_map not in LEARNED_FEATURE_MAPS:
+        raise UsageError(
+            f"causal Katz-InfSA keeps ELU + 1 (docs/spec/infsa.md 4.1) or learns its map; got {feature_map!r}"
+        )
+    for _, module in modules:
+        if hasattr(module, "infsa_feature_q"):
+            continue
+        weight = next(module.parameters())
+        heads, head_dim = int(module.config.num_attention_heads), int(module.head_dim)
+        for name in ("infsa_feature_q", "infsa_feature_k"):
+            maps = HedgehogFeatureMap(heads, head_dim, feature_dim, device=weight.device, dtype=weight.dtype)
+            setattr(module, name, maps)
 
 
 def install_state_layer(module: nn.Module, args, kwargs) -> None:
@@ -170,11 +190,14 @@ def katz_causal_attention(module, query, key, value, attention_mask, scaling=Non
     if key.shape[2] != q_len:
         raise UsageError("causal Katz-InfSA got cached keys: its cache keeps a state, not keys (use a DynamicCache)")
     key, value = _repeat_heads(key, heads), _repeat_heads(value, heads)
+    kernel = FEATURES
+    if hasattr(module, "infsa_feature_q"):  # learned maps: their outputs are the features
+        query, key, kernel = module.infsa_feature_q(query), module.infsa_feature_k(key), "identity"
     gamma = torch.sigmoid(module.infsa_theta.to(accumulation_dtype(query)))
     keep, resets = read_mask(attention_mask, q_len, kwargs.get("sliding_window"))
     state = slot.state if slot is not None else None
     form = causal_katz_recurrent if state is not None and q_len == 1 else causal_katz_chunked
-    out, state = form(query, key, value, gamma, EPS, state=state, key_mask=keep, resets=resets)
+    out, state = form(query, key, value, gamma, EPS, kernel, state=state, key_mask=keep, resets=resets)
     if slot is not None:
         slot.state = CausalKatzState(*(t.detach() for t in state))
     out = nn.functional.dropout(out, dropout, training=module.training and dropout > 0)

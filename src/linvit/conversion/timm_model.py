@@ -19,7 +19,13 @@ default_cfgs = generate_default_cfgs({ARCHITECTURE: dict(url="", license="mit", 
 
 
 def mark_converted(
-    model: nn.Module, variant: str, gamma_init: float, include, exclude, linear_variant: str = "release"
+    model: nn.Module,
+    variant: str,
+    gamma_init: float,
+    include,
+    exclude,
+    linear_variant: str = "release",
+    feature_dim: int | None = None,
 ) -> None:
     """Record on a timm model how to rebuild it converted (a no-op for models timm did not create)."""
     cfg = getattr(model, "pretrained_cfg", None)
@@ -31,6 +37,9 @@ def mark_converted(
     args.pop("linear_variant", None)
     if linear_variant != "release":  # only then: configs of release-form conversions stay as they were
         args["linear_variant"] = linear_variant
+    args.pop("feature_dim", None)
+    if feature_dim is not None:
+        args["feature_dim"] = feature_dim
     model._model_args = args
     model.pretrained_cfg = {**cfg, "architecture": ARCHITECTURE}
 
@@ -45,6 +54,7 @@ def infsa_converted(
     include=None,
     exclude=None,
     linear_variant: str = "release",
+    feature_dim: int | None = None,
     pretrained_cfg=None,
     pretrained_cfg_overlay=None,
     cache_dir=None,
@@ -57,7 +67,13 @@ def infsa_converted(
     kwargs.pop("pretrained_model_args", None)
     model = timm.create_model(source_model, **kwargs)
     convert(
-        model, convert_variant, gamma_init=gamma_init, include=include, exclude=exclude, linear_variant=linear_variant
+        model,
+        convert_variant,
+        gamma_init=gamma_init,
+        include=include,
+        exclude=exclude,
+        linear_variant=linear_variant,
+        feature_dim=feature_dim,
     )
     if pretrained_cfg is not None:
         cfg = pretrained_cfg if isinstance(pretrained_cfg, dict) else pretrained_cfg.to_dict()

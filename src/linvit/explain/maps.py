@@ -139,10 +139,14 @@ def capture_inputs(
 
 
 def projected_qk(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's own q, k (B, H, N, D) on its input x, as float64, for any timm-layout attention."""
+    """The layer's own q, k (B, H, N, D) on its input x, as float64, for any timm-layout attention; a Katz-InfSA
+    layer's through its learned feature maps where it has them (its ops then read them with mixer.kernel)."""
     B, N, _ = x.shape
     q, k, _ = mixer.qkv(x).reshape(B, N, 3, mixer.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-    return mixer.q_norm(q).double(), mixer.k_norm(k).double()
+    q, k = mixer.q_norm(q).double(), mixer.k_norm(k).double()
+    if isinstance(mixer, KatzInfSAAttention):
+        return mixer.feature_q(q), mixer.feature_k(k)
+    return q, k
 
 
 def _dense_bytes(batch: int, heads: int, tokens: int) -> int:
@@ -166,7 +170,7 @@ def mixer_operator(mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     forward applies (ops.katz_operator for Katz-InfSA layers, ops.infsa_operator otherwise)."""
     q, k = projected_qk(mixer, x)
     if isinstance(mixer, KatzInfSAAttention):
-        return katz_operator(q, k, mixer.eps, mixer.feature_map)
+        return katz_operator(q, k, mixer.eps, mixer.kernel)
     return infsa_operator(q, k, mixer.eps)
 
 
@@ -178,10 +182,10 @@ def layer_scores(mixer: nn.Module, x: torch.Tensor, method: str) -> torch.Tensor
         if isinstance(mixer, KatzInfSAAttention) and method in ("katz", "perron", "column"):
             q, k = projected_qk(mixer, x)  # low-rank factors: O(N d^2) at any size
             if method == "katz":
-                return katz_centrality(q, k, mixer.gamma.double(), mixer.eps, mixer.feature_map).mean(1)
+                return katz_centrality(q, k, mixer.gamma.double(), mixer.eps, mixer.kernel).mean(1)
             if method == "column":
-                return katz_column_sums(q, k, mixer.eps, mixer.feature_map).mean(1)
-            return perron_vector(q, k, mixer.eps, mixer.feature_map).mean(1)
+                return katz_column_sums(q, k, mixer.eps, mixer.kernel).mean(1)
+            return perron_vector(q, k, mixer.eps, mixer.kernel).mean(1)
         if method == "column":
             q, k = projected_qk(mixer, x)
             return infsa_column_sums(q, k, mixer.eps).mean(1)  # query blocks: any size

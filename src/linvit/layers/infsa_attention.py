@@ -18,7 +18,7 @@ from timm.layers import register_notrace_module
 
 from ..errors import UsageError
 from ..ops import katz_infsa, linear_infsa, pure_infsa
-from ..ops.common import accumulation_dtype, autocast_dtype, merges_with_next, no_autocast, products_dtype
+from ..ops.common import accumulation_dtype, autocast_dtype, merges_with_next, no_autocast
 from ..ops.infsa import (
     LINEAR_VARIANTS,
     importance_from_logits,
@@ -27,8 +27,9 @@ from ..ops.infsa import (
     soft_query_from_sums,
     soft_query_sums,
 )
+from ..ops.katz import feature_dtype, katz_factors, katz_features, katz_mixing, katz_token_sums, mixing_as
 from ..ops.katz import feature_map as katz_feature_map
-from ..ops.katz import katz_factors, katz_features, katz_mixing, katz_token_sums, mixing_as
+from .feature_maps import LEARNED_FEATURE_MAPS, HedgehogFeatureMap
 from .graph_capture import call_eagerly, is_fx_tracing, stateless_call
 
 torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see graph_capture.call_eagerly)
@@ -37,7 +38,7 @@ torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see grap
 PURE_IMPLS = ("auto", "dense", "chunked")
 # eager inference over at least this many tokens projects the soft query's Q in views of QUERY_CHUNK tokens
 QUERY_CHUNK_MIN_TOKENS, QUERY_CHUNK = 2**16, 2**14
-FEATURE_MAPS = ("relu", "elu+1")
+FEATURE_MAPS = ("relu", "elu+1", *LEARNED_FEATURE_MAPS)
 
 
 def check_choice(name: str, value: object, choices: tuple) -> None:
@@ -387,22 +388,44 @@ class KatzInfSAAttention(_InfSABase):
     per-head (N, d) x (d, D) products, the copy that merges heads, and the projection.
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, *, feature_map: str = "relu", **kwargs):
+    def __init__(
+        self, dim: int, num_heads: int = 8, *, feature_map: str = "relu", feature_dim: int | None = None, **kwargs
+    ):
         if kwargs.get("attn_drop", 0.0):
             raise UsageError("Katz-InfSA never forms the attention matrix; attn_drop must be 0")
-        check_choice("feature_map", feature_map, FEATURE_MAPS)
         super().__init__(dim, num_heads, **kwargs)
+        self.use_feature_map(feature_map, feature_dim)
+
+    def use_feature_map(self, feature_map: str, feature_dim: int | None = None) -> None:
+        """Select the feature map: a fixed one ("relu", "elu+1") or a learned one ("hedgehog": per-head maps of
+        queries and keys, 2 feature_dim features, layers.feature_maps), built anew on the layer's device."""
+        check_choice("feature_map", feature_map, FEATURE_MAPS)
         self.feature_map = feature_map
+        self.kernel = "identity" if feature_map in LEARNED_FEATURE_MAPS else feature_map  # what the ops apply
+        if feature_map in LEARNED_FEATURE_MAPS:
+            dd = {"device": self.qkv.weight.device, "dtype": self.qkv.weight.dtype}
+            self.feature_q = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
+            self.feature_k = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
+        elif feature_dim is not None:
+            raise UsageError(f"feature_dim sizes a learned feature map ({', '.join(LEARNED_FEATURE_MAPS)}) only")
+        else:
+            self.feature_q, self.feature_k = nn.Identity(), nn.Identity()
+
+    def featured_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """project_qkv, with q and k through the learned feature maps where the layer has them (the ops then take
+        them as the features: kernel "identity")."""
+        q, k, v = self.project_qkv(x)
+        return self.feature_q(q), self.feature_k(k), v
 
     def mix(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError("Katz-InfSA works on low-rank factors; attention masks are not supported")
-        q, k, v = self.project_qkv(x)
+        q, k, v = self.featured_qkv(x)
         if self.record_dead and self.feature_map == "relu":
             # ReLU features all zero on the query or the key side: A = 0 and the head adds nothing for that image
             self.note_dead((q.detach().flatten(2).amax(-1) <= 0) | (k.detach().flatten(2).amax(-1) <= 0))
         if not isinstance(self.norm, nn.Identity):
-            return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.feature_map))
+            return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.kernel))
         if not torch.jit.is_scripting():  # the factors and the folded projection with autocast off
             with no_autocast(v):
                 return self.proj_drop(self._folded_output(q, k, v))
@@ -410,7 +433,7 @@ class KatzInfSAAttention(_InfSABase):
 
     def _folded_output(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The output without a scale norm: the mixing X folded into the output projection (project_mixed)."""
-        fq, mixing = katz_factors(q, k, v, self.gamma, self.eps, self.feature_map)
+        fq, mixing = katz_factors(q, k, v, self.gamma, self.eps, self.kernel)
         return self.project_mixed(q, mixing, fq)
 
     def project_mixed(self, q: torch.Tensor, mixing: torch.Tensor, fq: torch.Tensor | None = None) -> torch.Tensor:
@@ -421,21 +444,25 @@ class KatzInfSAAttention(_InfSABase):
         features fq of the sums are used where they are token-major in q's dtype; otherwise (head-major, or
         upcast) they are taken from q again, token-major like q, which costs what one transposing copy would."""
         B, H, N, d = q.shape
-        if fq is None or fq.dtype != q.dtype or not merges_with_next(fq.transpose(1, 2), 2):
+        dtype = accumulation_dtype(q) if self.kernel == "elu+1" else q.dtype  # see ops.katz.feature_dtype
+        if fq is None or fq.dtype != dtype or not merges_with_next(fq.transpose(1, 2), 2):
             fq = self.token_features(q)
         tokens = fq.transpose(1, 2).reshape(B, N, H * d)  # a view: fq is token-major
         weight = self.proj.weight.view(-1, H, mixing.shape[-1]).permute(1, 2, 0)  # (H, D, C_out)
-        folded = mixing_as((mixing @ weight.to(mixing.dtype)).reshape(B, H * d, -1), q.dtype)  # (B, H*d, C_out)
+        folded = mixing_as((mixing @ weight.to(mixing.dtype)).reshape(B, H * d, -1), dtype)  # (B, H*d, C_out)
         bias = self.proj.bias
         if bias is None:
-            return torch.bmm(tokens, folded)
-        return torch.baddbmm(bias.to(q.dtype), tokens, folded)
+            return torch.bmm(tokens, folded).to(q.dtype)
+        return torch.baddbmm(bias.to(dtype), tokens, folded).to(q.dtype)
 
     def token_features(self, q: torch.Tensor) -> torch.Tensor:
-        """phi(q) / c in q's dtype and layout (token-major for q from the qkv projection)."""
-        if self.feature_map == "relu":
+        """phi(q) / c in q's dtype (ELU + 1's in the accumulation dtype) and layout (token-major for q from the
+        qkv projection)."""
+        if self.kernel == "relu":
             return torch.relu(q)  # exact in any dtype
-        return katz_feature_map(q.to(accumulation_dtype(q)), self.feature_map).to(q.dtype)
+        if self.kernel == "identity":
+            return q  # a learned map's features already
+        return katz_feature_map(q.to(accumulation_dtype(q)), self.kernel)  # ELU + 1: see ops.katz.feature_dtype
 
     def residual_streamed(self, x: torch.Tensor, spans: list[tuple[int, int]], norm, scale) -> torch.Tensor:
         """Pass 1 reads every span's tokens for the mixing X; in pass 2 each span reads only its own rows, so it
@@ -450,10 +477,10 @@ class KatzInfSAAttention(_InfSABase):
         chunks, so that the layer's output for any tokens is streamed_output(x_tokens, X)."""
         sums = None
         for xc in chunks:
-            q, k, v = self.project_qkv(xc)
+            q, k, v = self.featured_qkv(xc)
             with no_autocast(v):
-                dtype = products_dtype(q)
-                (fq, c2), (fk, _) = katz_features(q, self.feature_map, dtype), katz_features(k, self.feature_map, dtype)
+                dtype = feature_dtype(q, self.kernel)
+                (fq, c2), (fk, _) = katz_features(q, self.kernel, dtype), katz_features(k, self.kernel, dtype)
                 part = katz_token_sums(fq, fk, v)
             sums = part if sums is None else tuple(a + b for a, b in zip(sums, part, strict=True))
         with no_autocast(sums[0]):
@@ -464,10 +491,11 @@ class KatzInfSAAttention(_InfSABase):
         B, n, C = x.shape
         bias = None if self.qkv.bias is None else self.qkv.bias[:C]
         q = self.q_norm(F.linear(x, self.qkv.weight[:C], bias).reshape(B, n, self.num_heads, -1).transpose(1, 2))
+        q = self.feature_q(q)
         with no_autocast(q):
             if isinstance(self.norm, nn.Identity):
                 return self.project_mixed(q, mixing)
-            fq = katz_features(q, self.feature_map, products_dtype(q))[0]
+            fq = katz_features(q, self.kernel, feature_dtype(q, self.kernel))[0]
             out = fq @ mixing_as(mixing, fq.dtype)
         return self.merge_heads(out.to(q.dtype))
 

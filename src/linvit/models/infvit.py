@@ -39,7 +39,9 @@ class InfViT(VisionTransformer, TokenChunking):
         fold_kv: Linear-InfSA folds the K/V projections (identical outputs, fewer FLOPs).
         linear_variant: Linear-InfSA's score map, "release" (the paper's) or a stabilised form ("floor",
             "softplus", "elu+1"; docs/spec/infsa.md section 3.1).
-        feature_map: Katz-InfSA's non-negative feature map, "relu" or "elu+1".
+        feature_map: Katz-InfSA's non-negative feature map, "relu", "elu+1" or the learned "hedgehog"
+            (per-head [softmax(x W), softmax(-x W)], layers.feature_maps).
+        feature_dim: the learned map's size f (2 f features; default the head dim).
         check_finite: reject NaN/Inf inputs with a ValueError (one extra pass over the input).
         token_chunk: at inference (no autograd), run token-wise work (norms, MLP, Linear- and
             Katz-InfSA's streaming passes) over this many tokens at a time, updating the residual
@@ -58,6 +60,7 @@ class InfViT(VisionTransformer, TokenChunking):
         fold_kv: bool = True,
         linear_variant: str = "release",
         feature_map: str = "relu",
+        feature_dim: int | None = None,
         check_finite: bool = False,
         token_chunk: int | str | None = "auto",
         **kwargs,
@@ -82,7 +85,7 @@ class InfViT(VisionTransformer, TokenChunking):
                 module.fold_kv = fold_kv
                 module.linear_variant = linear_variant
             if isinstance(module, KatzInfSAAttention):
-                module.feature_map = feature_map
+                module.use_feature_map(feature_map, feature_dim)
             if hasattr(module, "theta") and gamma_init != module.gamma_init:
                 module.gamma_init = gamma_init
                 module.reset_parameters()

@@ -31,13 +31,16 @@ from .common import (
 
 
 def feature_map(t: torch.Tensor, kind: str = "relu") -> torch.Tensor:
-    """phi(t / sqrt(d)): ReLU or ELU + 1 of the scaled queries/keys (non-negative)."""
+    """phi(t / sqrt(d)): ReLU or ELU + 1 of the scaled queries/keys (non-negative); "identity" takes t as the
+    features themselves (a learned map's output, layers.feature_maps)."""
+    if kind == "identity":
+        return t
     t = t * math.sqrt(1.0 / t.shape[-1])
     if kind == "relu":
         return torch.relu(t)
     if kind == "elu+1":
         return F.elu(t) + 1.0
-    raise ValueError(f"feature_map must be 'relu' or 'elu+1', got '{kind}'")
+    raise ValueError(f"feature_map must be 'relu', 'elu+1' or 'identity', got '{kind}'")
 
 
 def katz_features(t: torch.Tensor, kind: str = "relu", dtype: torch.dtype | None = None) -> tuple[torch.Tensor, float]:
@@ -45,12 +48,19 @@ def katz_features(t: torch.Tensor, kind: str = "relu", dtype: torch.dtype | None
     batched products (as_batched: one copy at most, where each token sum would otherwise copy t again).
 
     ReLU is positively homogeneous, so its 1/sqrt(d) stays in the scalar c^2 = 1/d and the N-sized factor
-    is never rescaled; ELU + 1 is not, so there c = 1.
+    is never rescaled; ELU + 1 is not, so there c = 1, and neither for "identity" (t are the features).
     """
     t = as_batched(t, accumulation_dtype(t) if dtype is None else dtype)
     if kind == "relu":
         return torch.relu(t), 1.0 / t.shape[-1]
     return feature_map(t, kind), 1.0
+
+
+def feature_dtype(t: torch.Tensor, kind: str) -> torch.dtype:
+    """The dtype Katz-InfSA's token features are multiplied in: products_dtype(t), except ELU + 1's, which stay
+    in the accumulation dtype: its features are 1 + t / sqrt(d) for small t, and bfloat16's 8-bit mantissa would
+    keep little of the part that differs between tokens (1.1e-2 relative error in a converted ViT)."""
+    return accumulation_dtype(t) if kind == "elu+1" else products_dtype(t)
 
 
 def _norm_ratio(gram_q: torch.Tensor, gram_k: torch.Tensor, eps: float, c2: float) -> torch.Tensor:
@@ -154,10 +164,10 @@ def mixing_as(mixing: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def katz_factors(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, feature_map: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """f = phi(q) / c (B, H, N, d) in products_dtype(q) and the mixing X (B, H, d, D) in the accumulation
+    """f = phi(q) / c (B, H, N, d) in feature_dtype(q) and the mixing X (B, H, d, D) in the accumulation
     dtype, with katz_infsa(q, k, v) = f X (call with autocast off). Layers that fold X into their output
     projection use these."""
-    dtype = products_dtype(q)
+    dtype = feature_dtype(q, feature_map)
     (fq, c2), (fk, _) = katz_features(q, feature_map, dtype), katz_features(k, feature_map, dtype)
     # exported graphs keep the d x d form: any N, a symbolic one never guarded
     if not is_exporting() and fq.shape[-2] <= fq.shape[-1]:  # N <= d tokens: an N x N system, small enough for float32
