@@ -55,11 +55,17 @@ BEGIN, END = "<!-- distill:begin -->", "<!-- distill:end -->"
 # Linear-InfSA keeps the first recipe: attention transfer alone keeps half of its teacher (49.7% at 58 steps)
 GAMMA_FOLDERS = {0.5: "distill", 0.9: "distill_gamma0.9"}
 TRANSFER_HEAVY = "distill_transfer"
-TRANSFER_MIXERS = ("katz_infsa", "pure_infsa")
+# issue 44: students with Hedgehog's learned feature maps, Katz-InfSA's and the anchor form's, ViT-AdaLA's plain
+# linear attention ("adala"), on Katz's recipe (distill rows only)
+LEARNED = ("katz_infsa:hedgehog", "linear_attention:hedgehog")
+TRANSFER_MIXERS = ("katz_infsa", "pure_infsa", *LEARNED)
+STUDENTS = (*MIXERS, *LEARNED)  # every student of the vision tables, in their order
 
 
 def methods(mixer: str) -> dict[str, str]:
     """method -> its runs' folder under the vision part (OUT/vision, OUT/vision_max), for one student mixer."""
+    if mixer in LEARNED:
+        return {"distill": TRANSFER_HEAVY}
     chosen = default_gamma(mixer)
     other = next(g for g in GAMMA_FOLDERS if g != chosen)
     if mixer in TRANSFER_MIXERS:
@@ -183,7 +189,7 @@ def vision_summary(out: Path, seeds: list[int], task_name: str = "digit") -> dic
         if metrics.is_file():
             teachers[seed] = last_metrics(metrics)["val_top1"]
     rows = []
-    for mixer in MIXERS:
+    for mixer in STUDENTS:
         for method, folder in methods(mixer).items():
             for budget in BUDGETS:
                 runs = {}
@@ -345,6 +351,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     stage_kinds = ["train", TRANSFER_HEAVY, *GAMMA_FOLDERS.values(), "finetune", "scratch"]
     p.add_argument("--methods", nargs="+", choices=stage_kinds, default=stage_kinds, help="vision stages' folders")
+    p.add_argument("--students", nargs="+", choices=STUDENTS, default=STUDENTS, help="vision students' mixers")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--publish", default=None, metavar="DOCS")
     args = p.parse_args()
@@ -354,6 +361,7 @@ def main() -> None:
     if args.part == "vision" and not args.report_only:
         stages = vision_stages(args.out, seeds, args.task, args.budgets)
         stages = [s for s in stages if s.name.split("/")[0] in args.methods]
+        stages = [s for s in stages if s.info.get("mixer") in (None, *args.students)]  # teachers have no mixer
         run_stages(out / PARTS[args.task], stages, run_command)
     if args.part == "language" and not args.report_only:
         teacher = language_teacher(out, 0, lm_experiment())  # one teacher (20 CPU minutes); seeds distil it

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-NAMES = {"katz_infsa": "Katz-InfSA", "pure_infsa": "pure InfSA", "linear_infsa": "Linear-InfSA"}
+NAMES = {
+    "katz_infsa": "Katz-InfSA",
+    "pure_infsa": "pure InfSA",
+    "linear_infsa": "Linear-InfSA",
+    "katz_infsa:hedgehog": "Katz-InfSA, `hedgehog` maps",
+    "linear_attention:hedgehog": "`adala` (linear attention, `hedgehog` maps)",
+}
+ANCHOR = "linear_attention:hedgehog"  # the field's form that Katz's students are judged against (issue 44)
 VISION_PARTS = {"vision": "retention.png", "vision_max": "retention_max.png"}  # summary -> its figure, docs/distill
 
 
@@ -32,6 +39,12 @@ def vision_table(vision: dict) -> str:
         caption += " `distill, 1 + 2 epochs` is Linear-InfSA's recipe for Katz and pure InfSA."
     if any("gamma_init" in m for m in methods):
         caption += " The rows at the other first discount are the evidence for that choice."
+    if any(r["mixer"] == ANCHOR for r in vision["rows"]):
+        caption += (
+            " Rows with `hedgehog` maps learn a feature map per head in attention transfer (layers.feature_maps), on"
+            " Katz's recipe; `adala` is the anchor form, plain linear attention with the same learned maps"
+            " (ViT-AdaLA's student; layers.linear_attention)."
+        )
     lines = [
         caption,
         "",
@@ -54,18 +67,25 @@ def vision_table(vision: dict) -> str:
 
 
 def goals(summaries: dict) -> str:
-    """Issue 36's goals, judged from the numbers above: vision >= 99% retention for Katz and pure students at
-    <= 10% of the teacher's steps; language within 1% of the teacher's loss at <= 10%."""
-    lines = ["Goals (issue 36), judged from the tables' means:"]
+    """Issue 44's goals, judged from the tables' means at <= 10% of the teacher's steps: a Katz-InfSA student keeps
+    >= 99% of its teacher on every task, each Katz form at least the anchor form's retention (`adala`), and the
+    language student is within 2% of its teacher's loss."""
+    lines = ["Goals (issue 44), judged from the tables' means:"]
     for part in VISION_PARTS:
         task = summaries.get(part, {}).get("task", "digit")
-        for r in summaries.get(part, {}).get("rows", []):
-            if r["method"] == "distill" and r["budget"] <= 0.10 and r["mixer"] != "linear_infsa":
-                met = "met" if r["retention"]["mean"] >= 99 else "missed"
-                retention = _interval(r["retention"])
-                lines.append(f"- `{task}`, {NAMES[r['mixer']]} at {r['budget']:.0%}: retention {retention}: {met}")
+        rows = [r for r in summaries.get(part, {}).get("rows", []) if r["method"] == "distill" and r["budget"] <= 0.1]
+        anchors = {r["budget"]: r["retention"]["mean"] for r in rows if r["mixer"] == ANCHOR}
+        for r in sorted(rows, key=lambda r: (r["budget"], list(NAMES).index(r["mixer"]))):
+            if not r["mixer"].startswith("katz_infsa"):
+                continue
+            met = "met" if r["retention"]["mean"] >= 99 else "missed"
+            line = f"- `{task}`, {NAMES[r['mixer']]} at {r['budget']:.0%}: retention {_interval(r['retention'])}: {met}"
+            if r["budget"] in anchors:
+                beats = "at least" if r["retention"]["mean"] >= anchors[r["budget"]] else "below"
+                line += f"; {beats} the anchor `adala` ({anchors[r['budget']]:.1f})"
+            lines.append(line)
     for r in summaries.get("language", {}).get("rows", []):
-        met = "met" if r["loss_gap"]["mean"] <= 1 else "missed"
+        met = "met" if r["loss_gap"]["mean"] <= 2 else "missed"
         lines.append(f"- language, {NAMES[r['mixer']]} at 10%: loss gap {_interval(r['loss_gap'], 2)}%: {met}")
     return "\n".join(lines)
 

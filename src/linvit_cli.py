@@ -174,9 +174,12 @@ MODEL_HELP = "registered model name, optionally with a :variant suffix"
 # the mixer of generate's DiT, spelled as --convert spells it; the value is linvit.models.dit's name for it
 MIXER_NAMES = {"softmax": "softmax", "linear_infsa": "linear", "pure_infsa": "pure", "katz_infsa": "katz"}
 MIXER_NAMES["weightformer"] = "weightformer"
-CONVERT_VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.conversion.VARIANTS, without importing it
-# with a stabilised Linear-InfSA (ops.infsa.LINEAR_VARIANTS but the release form; docs/spec/infsa.md 3.1)
+# linvit.conversion.FORMS without importing torch (tests/test_cli_consistency.py checks they are the same): the
+# variants, a stabilised Linear-InfSA (docs/spec/infsa.md 3.1), Katz-InfSA's other feature maps (the learned
+# "hedgehog" one: layers.feature_maps) and the anchor form, plain linear attention (layers.linear_attention)
+CONVERT_VARIANTS = ("pure_infsa", "linear_infsa", "katz_infsa", "linear_attention")
 CONVERT_VARIANTS += ("linear_infsa:floor", "linear_infsa:softplus", "linear_infsa:elu+1")
+CONVERT_VARIANTS += ("katz_infsa:elu+1", "katz_infsa:hedgehog", "linear_attention:relu", "linear_attention:hedgehog")
 
 
 def _add_convert_arg(p: argparse.ArgumentParser, source: str = "--pretrained-file") -> None:

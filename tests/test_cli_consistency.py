@@ -138,3 +138,10 @@ def test_a_config_file_value_parses_as_its_flag_would(tmp_path):
             ["segment", "train", "--data", "d", "--model", "m", "--output", "o", "--config", str(config)]
         )
         assert args.crop_size == crop and args.epochs == 3
+
+
+def test_the_convert_and_mixer_choices_are_linvit_convert_forms():
+    """The parser spells conversion.FORMS by hand (it imports no torch): every form, nothing else, in order."""
+    from linvit.conversion import FORMS
+
+    assert linvit_cli.CONVERT_VARIANTS == FORMS

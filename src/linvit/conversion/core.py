@@ -17,20 +17,29 @@ import torch.nn as nn
 from timm.layers import trunc_normal_
 
 from ..errors import UsageError
-from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from ..layers import KatzInfSAAttention, LinearAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.feature_maps import LEARNED_FEATURE_MAPS
 from ..layers.infsa_attention import FEATURE_MAPS, LINEAR_VARIANTS, check_choice
 from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
 from .language import convert_language_model, interface_attention_modules
 from .timm_model import mark_converted
 
-LAYERS = {"pure_infsa": PureInfSAAttention, "linear_infsa": LinearInfSAAttention, "katz_infsa": KatzInfSAAttention}
+LAYERS = {
+    "pure_infsa": PureInfSAAttention,
+    "linear_infsa": LinearInfSAAttention,
+    "katz_infsa": KatzInfSAAttention,
+    "linear_attention": LinearAttention,  # the anchor form (no discount): what the InfSA students are measured against
+}
 VARIANTS = tuple(LAYERS)
 INFSA_TYPES = tuple(LAYERS.values())
-# the option a variant takes after a colon ("katz_infsa:hedgehog", "linear_infsa:softplus"), and its default;
-# pure InfSA's scores are the signed q.k itself (no feature map to learn), so it takes none
-OPTIONS = {"linear_infsa": ("linear_variant", LINEAR_VARIANTS), "katz_infsa": ("feature_map", FEATURE_MAPS)}
-FORMS = VARIANTS + tuple(f"{v}:{o}" for v, (_, choices) in OPTIONS.items() for o in choices[1:])
+# the option a variant takes after a colon ("katz_infsa:hedgehog", "linear_infsa:softplus"): its name, choices and
+# default; pure InfSA's scores are the signed q.k itself (no feature map to learn), so it takes none
+OPTIONS = {
+    "linear_infsa": ("linear_variant", LINEAR_VARIANTS, "release"),
+    "katz_infsa": ("feature_map", FEATURE_MAPS, "relu"),
+    "linear_attention": ("feature_map", FEATURE_MAPS, "elu+1"),
+}
+FORMS = VARIANTS + tuple(f"{v}:{o}" for v, (_, choices, default) in OPTIONS.items() for o in choices if o != default)
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
@@ -42,7 +51,7 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
         return variant, {}
     if variant not in OPTIONS:
         raise UsageError(f"{variant} takes no ':option' (its scores are q.k itself); got {spec!r}")
-    name, choices = OPTIONS[variant]
+    name, choices, _ = OPTIONS[variant]
     check_choice(f"{variant}'s {name}", option, choices)
     return variant, {name: option}
 
@@ -126,23 +135,25 @@ def build_layer(
     gamma_init: float,
     copy_weights: bool,
     linear_variant: str = "release",
-    feature_map: str = "relu",
+    feature_map: str | None = None,
     feature_dim: int | None = None,
 ) -> nn.Module:
     """The linvit InfSA layer for one source attention; its weights are the source's values (copied)."""
     cls = LAYERS[variant]
     ref = w.qkv_weight
-    extra = {"linear_variant": linear_variant} if cls is LinearInfSAAttention else {}
-    if cls is KatzInfSAAttention:
-        extra = {"feature_map": feature_map, "feature_dim": feature_dim}
+    extra = {} if cls is LinearAttention else {"gamma_init": gamma_init}  # linear attention has no discount
+    if cls is LinearInfSAAttention:
+        extra["linear_variant"] = linear_variant
+    if OPTIONS.get(variant, ("",))[0] == "feature_map":  # Katz-InfSA, linear attention
+        extra.update(feature_map=feature_map or OPTIONS[variant][2], feature_dim=feature_dim)
+    matrix_free = cls in (KatzInfSAAttention, LinearAttention)  # they never form the attention matrix
     layer = cls(
         w.dim,
         w.num_heads,
         qkv_bias=w.qkv_bias is not None,
         proj_bias=w.proj_bias is not None,
-        attn_drop=0.0 if cls is KatzInfSAAttention else w.attn_drop,  # Katz never forms the attention matrix
+        attn_drop=0.0 if matrix_free else w.attn_drop,
         proj_drop=w.proj_drop,
-        gamma_init=gamma_init,
         device=ref.device,
         dtype=ref.dtype,
         **extra,
@@ -231,7 +242,7 @@ def convert(
         return model
 
     def build(weights: AttentionWeights) -> nn.Module:
-        return build_layer(base, weights, gamma_init, copy_weights, linear_variant, feature_map or "relu", feature_dim)
+        return build_layer(base, weights, gamma_init, copy_weights, linear_variant, feature_map, feature_dim)
 
     plan = _replacements(model, adapters, include, exclude, build, report)
     if plan[0][0] == "":
@@ -240,7 +251,7 @@ def convert(
         for name, replacement in plan:
             _set_submodule(model, name, replacement)
     _disable_fused_encoders(model)
-    record = f"{base}:{feature_map}" if feature_map not in (None, "relu") else base
+    record = base if feature_map in (None, OPTIONS.get(base, ("", (), None))[2]) else f"{base}:{feature_map}"
     mark_converted(model, record, gamma_init, include, exclude, linear_variant, feature_dim)  # timm reloads it
     model.linvit_conversion = report
     return model

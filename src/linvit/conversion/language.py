@@ -81,13 +81,16 @@ def convert_language_model(
     if current.startswith("linvit_") and current != f"linvit_{variant}":  # its hooks and state are the other's
         raise UsageError(f"this model is already converted ({current}): convert its softmax original to {variant}")
     causal = is_causal_model(model, modules)
-    if variant == "katz_infsa" and causal:
+    if variant in ("katz_infsa", "linear_attention") and causal:
         from . import language_katz
 
-        register_attention(language_katz.ATTENTION_NAME, language_katz.katz_causal_attention)
+        katz = variant == "katz_infsa"
+        name = language_katz.ATTENTION_NAME if katz else language_katz.LINEAR_ATTENTION_NAME
+        attention = language_katz.katz_causal_attention if katz else language_katz.linear_causal_attention
+        register_attention(name, attention)
         language_katz.add_feature_maps(modules, feature_map, feature_dim)
-        _add_discounts(model, modules, gamma_init, report, language_katz.install_state_layer)
-        model.set_attn_implementation(language_katz.ATTENTION_NAME)
+        _add_discounts(model, modules, gamma_init if katz else None, report, language_katz.install_state_layer)
+        model.set_attn_implementation(name)
         return model
     if variant != "pure_infsa" and causal:
         raise UsageError(CAUSAL_REFUSAL.format(variant=variant))
@@ -99,15 +102,19 @@ def convert_language_model(
     return model
 
 
-def _add_discounts(model, modules, gamma_init: float, report, pre_hook) -> None:
-    """One trainable discount per head (gamma = sigmoid(infsa_theta)) on every selected layer, and the hooks
-    that hand each call's cache to the attention function."""
-    theta = math.log(gamma_init / (1.0 - gamma_init))
+def _add_discounts(model, modules, gamma_init: float | None, report, pre_hook) -> None:
+    """One trainable discount per head (gamma = sigmoid(infsa_theta)) on every selected layer (linear attention,
+    gamma_init None, has none: the layer is marked infsa_linear_attention), and the hooks that hand each call's
+    cache to the attention function."""
     for name, module in modules:
         heads = int(module.config.num_attention_heads)
-        if not hasattr(module, "infsa_theta"):
+        if not hasattr(module, "infsa_theta") and not hasattr(module, "infsa_linear_attention"):
             weight = next(module.parameters())
-            module.infsa_theta = nn.Parameter(torch.full((heads,), theta, dtype=weight.dtype, device=weight.device))
+            if gamma_init is None:
+                module.infsa_linear_attention = True
+            else:
+                theta = math.log(gamma_init / (1.0 - gamma_init))
+                module.infsa_theta = nn.Parameter(torch.full((heads,), theta, dtype=weight.dtype, device=weight.device))
             module.register_forward_pre_hook(pre_hook, with_kwargs=True)
             module.register_forward_hook(_forget_cache)
         report.converted.append(_converted(name, module, heads))

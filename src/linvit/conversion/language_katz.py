@@ -24,8 +24,10 @@ from ..errors import UsageError
 from ..layers.feature_maps import LEARNED_FEATURE_MAPS, HedgehogFeatureMap
 from ..ops.common import accumulation_dtype
 from ..ops.katz_causal import FEATURES, CausalKatzState, causal_katz_chunked, causal_katz_recurrent
+from ..ops.linear_causal import causal_linear_chunked, causal_linear_recurrent
 
 ATTENTION_NAME = "linvit_katz_infsa"
+LINEAR_ATTENTION_NAME = "linvit_linear_attention"
 EPS = 1e-6
 # a DynamicCache's slots that a converted layer takes over while empty; a sliding window is not applied (the
 # state sees the whole prefix), as a pooled state cannot forget the keys that leave the window
@@ -179,12 +181,41 @@ def read_mask(attention_mask: torch.Tensor | None, q_len: int, sliding_window: i
 def katz_causal_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention function: causal Katz-InfSA of the new tokens, continuing the layer's state in
     the cache when there is one. Returns (output (B, q, H, D), None)."""
+    if not hasattr(module, "infsa_theta"):  # a layer include/exclude left out: softmax attention, as before
+        return _softmax(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+
+    def forms(query, key, value, recurrent: bool, kernel: str, **state):
+        gamma = torch.sigmoid(module.infsa_theta.to(accumulation_dtype(query)))
+        form = causal_katz_recurrent if recurrent else causal_katz_chunked
+        return form(query, key, value, gamma, EPS, kernel, **state)
+
+    return _stateful_attention(module, query, key, value, attention_mask, dropout, kwargs, forms)
+
+
+def linear_causal_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function: causal linear attention (the anchor form, ops.linear_causal), with the
+    same state, cache slot and mask handling as causal Katz-InfSA."""
+    if not getattr(module, "infsa_linear_attention", False):  # left out by include/exclude: softmax attention
+        return _softmax(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+
+    def forms(query, key, value, recurrent: bool, kernel: str, **state):
+        form = causal_linear_recurrent if recurrent else causal_linear_chunked
+        return form(query, key, value, EPS, kernel, **state)
+
+    return _stateful_attention(module, query, key, value, attention_mask, dropout, kwargs, forms)
+
+
+def _softmax(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+def _stateful_attention(module, query, key, value, attention_mask, dropout, kwargs, forms):
+    """The new tokens through forms(q, k, v, recurrent, kernel, state=, key_mask=, resets=) -> (out, state), with
+    grouped heads repeated, learned feature maps applied, the mask read and the cache slot's state carried."""
     from .language import _repeat_heads
 
-    if not hasattr(module, "infsa_theta"):  # a layer include/exclude left out: softmax attention, as before
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     heads, q_len = query.shape[1], query.shape[2]
     slot = getattr(module, "_linvit_katz_slot", None)
     if key.shape[2] != q_len:
@@ -193,11 +224,10 @@ def katz_causal_attention(module, query, key, value, attention_mask, scaling=Non
     kernel = FEATURES
     if hasattr(module, "infsa_feature_q"):  # learned maps: their outputs are the features
         query, key, kernel = module.infsa_feature_q(query), module.infsa_feature_k(key), "identity"
-    gamma = torch.sigmoid(module.infsa_theta.to(accumulation_dtype(query)))
     keep, resets = read_mask(attention_mask, q_len, kwargs.get("sliding_window"))
     state = slot.state if slot is not None else None
-    form = causal_katz_recurrent if state is not None and q_len == 1 else causal_katz_chunked
-    out, state = form(query, key, value, gamma, EPS, kernel, state=state, key_mask=keep, resets=resets)
+    recurrent = state is not None and q_len == 1
+    out, state = forms(query, key, value, recurrent, kernel, state=state, key_mask=keep, resets=resets)
     if slot is not None:
         slot.state = CausalKatzState(*(t.detach() for t in state))
     out = nn.functional.dropout(out, dropout, training=module.training and dropout > 0)

@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import TrainConfig
+from ..conversion.core import FORMS
 from ..data import collate_images
 from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..engine import Parts, Run, Task, fit
@@ -34,8 +35,6 @@ from .student import make_student, merged, train_only_converted_layers, with_lor
 from .teacher import Logits, Teacher, absolute_teacher, load_teacher, logits_of
 from .text import text_splits
 from .transfer import LayerTaps, layer_pairs
-
-VARIANTS = ("linear_infsa", "pure_infsa", "katz_infsa")  # linvit.conversion.VARIANTS
 
 STAGES = ("both", "attention", "end-to-end")
 
@@ -76,8 +75,8 @@ class DistillConfig(TrainConfig):
     def __post_init__(self) -> None:
         if self.gamma_init is None:
             self.gamma_init = default_gamma(self.mixer)
-        if self.mixer.partition(":")[0] not in VARIANTS:
-            raise UsageError(f"mixer must be one of {', '.join(VARIANTS)} (linvit.convert's), got {self.mixer!r}")
+        if self.mixer not in FORMS:
+            raise UsageError(f"mixer must be one of {', '.join(FORMS)} (linvit.convert's), got {self.mixer!r}")
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:

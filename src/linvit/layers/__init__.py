@@ -2,11 +2,13 @@
 
 from .dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, DynamicDWConv, DynamicLinear
 from .infsa_attention import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from .linear_attention import LinearAttention
 
 __all__ = [
     "PureInfSAAttention",
     "LinearInfSAAttention",
     "KatzInfSAAttention",
+    "LinearAttention",
     "DynamicLinear",
     "DynamicDWConv",
     "LINEAR_PREDICTORS",

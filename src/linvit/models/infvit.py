@@ -14,7 +14,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from ..errors import UsageError
-from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from ..layers import KatzInfSAAttention, LinearAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.graph_capture import is_fx_tracing, parent_method, traced_pos_embed
 from ..layers.infsa_attention import FEATURE_MAPS, LINEAR_VARIANTS, PURE_IMPLS, check_choice
 from ._cfg import model_cfg, require_weights
@@ -26,6 +26,7 @@ MIXERS = {
     "pure": PureInfSAAttention,
     "linear": LinearInfSAAttention,
     "katz": KatzInfSAAttention,
+    "linear_attention": LinearAttention,  # the anchor form students are measured against (layers.linear_attention)
 }
 
 
@@ -39,8 +40,9 @@ class InfViT(VisionTransformer, TokenChunking):
         fold_kv: Linear-InfSA folds the K/V projections (identical outputs, fewer FLOPs).
         linear_variant: Linear-InfSA's score map, "release" (the paper's) or a stabilised form ("floor",
             "softplus", "elu+1"; docs/spec/infsa.md section 3.1).
-        feature_map: Katz-InfSA's non-negative feature map, "relu", "elu+1" or the learned "hedgehog"
-            (per-head [softmax(x W), softmax(-x W)], layers.feature_maps).
+        feature_map: the non-negative feature map of Katz-InfSA (default "relu") and of linear attention
+            (default "elu+1"): "relu", "elu+1" or the learned "hedgehog" (per-head [softmax(x W), softmax(-x W)],
+            layers.feature_maps).
         feature_dim: the learned map's size f (2 f features; default the head dim).
         check_finite: reject NaN/Inf inputs with a ValueError (one extra pass over the input).
         token_chunk: at inference (no autograd), run token-wise work (norms, MLP, Linear- and
@@ -59,7 +61,7 @@ class InfViT(VisionTransformer, TokenChunking):
         attn_impl: str = "auto",
         fold_kv: bool = True,
         linear_variant: str = "release",
-        feature_map: str = "relu",
+        feature_map: str | None = None,
         feature_dim: int | None = None,
         check_finite: bool = False,
         token_chunk: int | str | None = "auto",
@@ -70,7 +72,8 @@ class InfViT(VisionTransformer, TokenChunking):
         check_choice("attn_impl", attn_impl, PURE_IMPLS)
         check_choice("fold_kv", fold_kv, (True, False))
         check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
-        check_choice("feature_map", feature_map, FEATURE_MAPS)
+        if feature_map is not None:
+            check_choice("feature_map", feature_map, FEATURE_MAPS)
         check_token_chunk(token_chunk)
         kwargs.setdefault("dynamic_img_size", True)
         super().__init__(attn_layer=MIXERS[mixer], embed_layer=CheckedPatchEmbed, **kwargs)
@@ -84,8 +87,8 @@ class InfViT(VisionTransformer, TokenChunking):
             if isinstance(module, LinearInfSAAttention):
                 module.fold_kv = fold_kv
                 module.linear_variant = linear_variant
-            if isinstance(module, KatzInfSAAttention):
-                module.use_feature_map(feature_map, feature_dim)
+            if isinstance(module, (KatzInfSAAttention, LinearAttention)) and (feature_map or feature_dim):
+                module.use_feature_map(feature_map or module.feature_map, feature_dim)
             if hasattr(module, "theta") and gamma_init != module.gamma_init:
                 module.gamma_init = gamma_init
                 module.reset_parameters()

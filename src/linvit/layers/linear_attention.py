@@ -1,0 +1,104 @@
+"""Plain linear attention, the anchor form of linearization work: out_i = phi(q_i) S / (phi(q_i) . z) with
+S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j) (Katharopoulos et al. 2020; with Hedgehog's learned map, the
+student form of ViT-AdaLA (vision) and of LoLCATs without its window). One row-normalised hop, no discount:
+what Katz-InfSA's infinite-hop series is measured against (docs/distill.md), not a mixer linvit recommends.
+
+timm ``Attention``'s parameter layout (qkv, q_norm, k_norm, norm, proj), so it converts and loads like the
+InfSA layers. The token sums accumulate in float32 (float64 for float64 inputs) under any autocast.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from timm.layers import register_notrace_module
+
+from ..errors import UsageError
+from ..ops.common import accumulation_dtype, no_autocast
+from ..ops.katz import feature_map as fixed_feature_map
+from .feature_maps import LEARNED_FEATURE_MAPS, HedgehogFeatureMap
+from .infsa_attention import FEATURE_MAPS, check_choice
+
+
+def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    """phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1 + eps) for (B, H, N, F) features and (B, H, N, D) values, in the
+    accumulation dtype, returned in v's dtype. A query whose features meet no key's gives 0, never NaN."""
+    dtype = accumulation_dtype(v)
+    with no_autocast(v):
+        fq, fk, vv = fq.to(dtype), fk.to(dtype), v.to(dtype)
+        kv = fk.transpose(-2, -1) @ vv  # (B, H, F, D)
+        normaliser = fq @ fk.sum(dim=-2).unsqueeze(-1)  # (B, H, N, 1)
+        return ((fq @ kv) / (normaliser + eps)).to(v.dtype)
+
+
+@register_notrace_module
+class LinearAttention(nn.Module):
+    """Plain linear attention with a fixed ("elu+1", Katharopoulos et al.'s, or "relu") or learned ("hedgehog")
+    feature map per head."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        *,
+        feature_map: str = "elu+1",
+        feature_dim: int | None = None,
+        eps: float = 1e-6,
+        **kwargs,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise UsageError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        if attn_drop:
+            raise UsageError("linear attention never forms the attention matrix; attn_drop must be 0")
+        if (qk_norm or scale_norm) and norm_layer is None:
+            raise UsageError("norm_layer must be given when qk_norm or scale_norm is set")
+        dd = {k: kwargs.pop(k) for k in ("device", "dtype") if k in kwargs}
+        kwargs.pop("depth", None)
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        self.num_heads, self.head_dim, self.eps = num_heads, dim // num_heads, eps
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.use_feature_map(feature_map, feature_dim)
+
+    def use_feature_map(self, feature_map: str, feature_dim: int | None = None) -> None:
+        """The map of queries and keys: fixed (ops.katz.feature_map) or learned, built on the layer's device."""
+        check_choice("feature_map", feature_map, FEATURE_MAPS)
+        if feature_dim is not None and feature_map not in LEARNED_FEATURE_MAPS:
+            raise UsageError(f"feature_dim sizes a learned feature map ({', '.join(LEARNED_FEATURE_MAPS)}) only")
+        self.feature_map = feature_map
+        if feature_map in LEARNED_FEATURE_MAPS:
+            dd = {"device": self.qkv.weight.device, "dtype": self.qkv.weight.dtype}
+            self.feature_q = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
+            self.feature_k = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
+        else:
+            self.feature_q, self.feature_k = nn.Identity(), nn.Identity()
+
+    def features(self, t: torch.Tensor, learned: nn.Module) -> torch.Tensor:
+        if self.feature_map in LEARNED_FEATURE_MAPS:
+            return learned(t)
+        return fixed_feature_map(t.to(accumulation_dtype(t)), self.feature_map)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise ValueError("linear attention is computed from token sums here; attention masks are not supported")
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        out = linear_attention(self.features(q, self.feature_q), self.features(k, self.feature_k), v, self.eps)
+        return self.proj_drop(self.proj(self.norm(out.transpose(1, 2).reshape(B, N, C))))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, feature_map={self.feature_map}"
