@@ -60,6 +60,9 @@ TRANSFER_HEAVY = "distill_transfer"
 LEARNED = ("katz_infsa:hedgehog", "linear_attention:hedgehog")
 TRANSFER_MIXERS = ("katz_infsa", "pure_infsa", *LEARNED)
 STUDENTS = (*MIXERS, *LEARNED)  # every student of the vision tables, in their order
+# the language students: causal Katz (ELU + 1, and learned maps), pure InfSA, and the anchor, LoLCATs' form without
+# its sliding window (causal linear attention with learned maps)
+LANGUAGE_STUDENTS = ("katz_infsa", "pure_infsa", "katz_infsa:hedgehog", "linear_attention:hedgehog")
 
 
 def methods(mixer: str) -> dict[str, str]:
@@ -239,7 +242,7 @@ def language_teacher(out: Path, seed: int, lm) -> Path:
 def language_stages(out: str, seed: int, teacher: Path) -> list[Stage]:
     windows = round(LM_BUDGET * LM_STEPS / 3) * LM_BATCH
     stages = []
-    for mixer in ("katz_infsa", "pure_infsa"):
+    for mixer in LANGUAGE_STUDENTS:
         name = f"distill/{mixer}/s{seed}"
         argv = ["distill", "--teacher", f"hf:{teacher}", "--data", f"{out}/language/text.txt", "--mixer", mixer]
         argv += ["--context", "128", "--batch-size", str(LM_BATCH), "--train-windows", str(windows)]
@@ -252,7 +255,7 @@ def language_stages(out: str, seed: int, teacher: Path) -> list[Stage]:
 
 def language_summary(out: Path, seeds: list[int]) -> dict:
     rows = []
-    for mixer in ("katz_infsa", "pure_infsa"):
+    for mixer in LANGUAGE_STUDENTS:
         runs = {}
         for seed in seeds:
             run = out / f"language/distill/{mixer}/s{seed}"
@@ -351,7 +354,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     stage_kinds = ["train", TRANSFER_HEAVY, *GAMMA_FOLDERS.values(), "finetune", "scratch"]
     p.add_argument("--methods", nargs="+", choices=stage_kinds, default=stage_kinds, help="vision stages' folders")
-    p.add_argument("--students", nargs="+", choices=STUDENTS, default=STUDENTS, help="vision students' mixers")
+    students = sorted(set(STUDENTS) | set(LANGUAGE_STUDENTS))
+    p.add_argument("--students", nargs="+", choices=students, default=students, help="the students' mixers")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--publish", default=None, metavar="DOCS")
     args = p.parse_args()
@@ -365,9 +369,8 @@ def main() -> None:
         run_stages(out / PARTS[args.task], stages, run_command)
     if args.part == "language" and not args.report_only:
         teacher = language_teacher(out, 0, lm_experiment())  # one teacher (20 CPU minutes); seeds distil it
-        run_stages(
-            out / "language", [s for seed in seeds for s in language_stages(args.out, seed, teacher)], run_command
-        )
+        stages = [s for seed in seeds for s in language_stages(args.out, seed, teacher)]
+        run_stages(out / "language", [s for s in stages if s.info["mixer"] in args.students], run_command)
     if args.part == "timing" and not args.report_only:
         (out / "timing").mkdir(parents=True, exist_ok=True)
         (out / "timing/summary.json").write_text(json.dumps(decode_timing(), indent=2))

@@ -12,6 +12,11 @@ NAMES = {
     "katz_infsa:hedgehog": "Katz-InfSA, `hedgehog` maps",
     "linear_attention:hedgehog": "`adala` (linear attention, `hedgehog` maps)",
 }
+# a language model's linear attention with learned maps is LoLCATs' student form, without its sliding window
+LANGUAGE_NAMES = {
+    **NAMES,
+    "linear_attention:hedgehog": "`lolcats` form without its window (linear attention, `hedgehog`)",
+}
 ANCHOR = "linear_attention:hedgehog"  # the field's form that Katz's students are judged against (issue 44)
 VISION_PARTS = {"vision": "retention.png", "vision_max": "retention_max.png"}  # summary -> its figure, docs/distill
 
@@ -86,7 +91,8 @@ def goals(summaries: dict) -> str:
             lines.append(line)
     for r in summaries.get("language", {}).get("rows", []):
         met = "met" if r["loss_gap"]["mean"] <= 2 else "missed"
-        lines.append(f"- language, {NAMES[r['mixer']]} at 10%: loss gap {_interval(r['loss_gap'], 2)}%: {met}")
+        gap = _interval(r["loss_gap"], 2)
+        lines.append(f"- language, {LANGUAGE_NAMES[r['mixer']]} at 10%: loss gap {gap}%: {met}")
     return "\n".join(lines)
 
 
@@ -101,7 +107,7 @@ def language_table(language: dict) -> str:
     ]
     for r in language["rows"]:
         lines.append(
-            f"| {NAMES[r['mixer']]} | {r['steps']} | {_interval(r['val_loss'], 3)} "
+            f"| {LANGUAGE_NAMES[r['mixer']]} | {r['steps']} | {_interval(r['val_loss'], 3)} "
             f"| {_interval(r['teacher_val_loss'], 3)} | {_interval(r['loss_gap'], 2)} |"
         )
     return "\n".join(lines)

@@ -51,7 +51,7 @@ def measure(teacher_model, form: str, scale: float | None, images, labels) -> di
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--teachers", nargs="+", required=True, help="softmax run folders")
-    p.add_argument("--scales", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0])
+    p.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0])
     p.add_argument("--images", type=int, default=500)
     p.add_argument("--out", default="docs/distill/feature_map_init.json")
     args = p.parse_args()

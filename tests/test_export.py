@@ -156,6 +156,7 @@ def test_torchscript_script_matches_eager_forward_and_backward(name, tmp_path):
         ("linear_infvit_tiny_patch16_224", dict(fold_kv=False)),
         ("linear_infvit_tiny_patch16_224", dict(qkv_bias=False)),
         ("katz_infvit_tiny_patch16_224", dict(feature_map="elu+1")),
+        ("katz_infvit_tiny_patch16_224", dict(feature_map="hedgehog", feature_dim=24)),
         ("weightformer_tiny_patch16_224", dict(dynamic_interval=1, linear_predictor="gap", conv_predictor="gap")),
         ("weightformer_tiny_patch16_224", dict(dynamic_interval=1, linear_predictor="deep")),
         ("weightformer_tiny_patch16_224", dict(dynamic_interval=1, linear_predictor="linear")),
@@ -172,9 +173,12 @@ def test_torchscript_script_covers_every_mixer_and_predictor_option(name, kwargs
         torch.testing.assert_close(torch.jit.script(model)(x), model(x), rtol=1e-5, atol=1e-6)
 
 
-def test_torchscript_script_of_a_converted_timm_model():
+@pytest.mark.parametrize(
+    "form", ["linear_infsa", "katz_infsa:hedgehog", "linear_attention", "linear_attention:hedgehog"]
+)
+def test_torchscript_script_of_a_converted_timm_model(form):
     torch.manual_seed(0)
-    model = linvit.convert(timm.create_model("deit_tiny_patch16_224", depth=2, num_classes=5), "linear_infsa").eval()
+    model = linvit.convert(timm.create_model("deit_tiny_patch16_224", depth=2, num_classes=5), form).eval()
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
         torch.testing.assert_close(torch.jit.script(model)(x), model(x), rtol=1e-5, atol=1e-6)

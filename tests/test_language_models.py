@@ -389,3 +389,25 @@ def test_katz_refuses_a_mask_its_state_cannot_follow():
     mask[4, 1] = False
     with pytest.raises(ValueError, match="causal, padding and packed-document masks only"):
         katz_causal_attention(_Layer(2), q, k, v, mask[None, None])
+
+
+def test_a_cached_call_whose_tokens_see_no_cached_key_starts_a_new_document():
+    """A packed document that begins exactly at a call with a cache (its rows see none of the cached keys) must
+    not read the earlier document's state: it equals that document run alone."""
+    from types import SimpleNamespace
+
+    from linvit.conversion.language_katz import katz_causal_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64) for _ in range(3))
+    layer = _Layer(2)
+    layer._linvit_katz_slot = slot = SimpleNamespace(state=None)
+    katz_causal_attention(
+        layer, q[:, :, :5], k[:, :, :5], v[:, :, :5], torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
+    )
+    assert slot.state is not None  # the first document's state, carried by the slot
+    fresh = torch.cat([torch.zeros(4, 5, dtype=torch.bool), torch.ones(4, 4, dtype=torch.bool).tril()], dim=1)
+    out, _ = katz_causal_attention(layer, q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], fresh[None, None])
+    layer._linvit_katz_slot = None
+    alone, _ = katz_causal_attention(layer, q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], None)
+    assert (out - alone).abs().max() <= 1e-12

@@ -19,6 +19,16 @@ def _elu1(t: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.elu(t.double() / t.shape[-1] ** 0.5) + 1
 
 
+def _definition(kind: str, t: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """phi written out: ELU + 1 or ReLU of t / sqrt(d), or Hedgehog's [softmax(t W), softmax(-t W)]."""
+    if kind == "relu":
+        return torch.relu(t.double() / t.shape[-1] ** 0.5)
+    if kind == "elu+1":
+        return _elu1(t)
+    scores = torch.einsum("bhnd,hdf->bhnf", t.double(), weight.double())
+    return torch.cat([scores.softmax(-1), (-scores).softmax(-1)], dim=-1)
+
+
 def _masked_reference(q, k, v, keep, documents):
     """out_i = sum_{j <= i, same document, kept} phi(q_i).phi(k_j) v_j / (sum of the same weights + eps)."""
     N = q.shape[2]
@@ -32,9 +42,15 @@ def _masked_reference(q, k, v, keep, documents):
 def test_the_vision_layer_equals_its_definition_in_float64(feature_map):
     torch.manual_seed(0)
     layer = LinearAttention(32, num_heads=2, qkv_bias=True, feature_map=feature_map).double()
+    if feature_map == "hedgehog":
+        with torch.no_grad():  # away from the identity start, and different for queries and keys
+            layer.feature_q.weight.normal_()
+            layer.feature_k.weight.normal_()
     x = torch.randn(2, 11, 32, dtype=torch.float64)
     q, k, v = layer.qkv(x).reshape(2, 11, 3, 2, 16).permute(2, 0, 3, 1, 4).unbind(0)
-    fq, fk = layer.features(q, layer.feature_q), layer.features(k, layer.feature_k)
+    learned = feature_map == "hedgehog"
+    fq = _definition(feature_map, q, layer.feature_q.weight if learned else None)
+    fk = _definition(feature_map, k, layer.feature_k.weight if learned else None)
     weights = fq @ fk.transpose(-2, -1)
     mixed = (weights @ v) / (weights.sum(-1, keepdim=True) + layer.eps)
     assert (layer(x) - layer.proj(mixed.transpose(1, 2).reshape(2, 11, 32))).abs().max() <= 1e-12

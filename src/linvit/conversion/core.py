@@ -51,9 +51,15 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
         return variant, {}
     if variant not in OPTIONS:
         raise UsageError(f"{variant} takes no ':option' (its scores are q.k itself); got {spec!r}")
-    name, choices, _ = OPTIONS[variant]
+    name, choices, default = OPTIONS[variant]
     check_choice(f"{variant}'s {name}", option, choices)
-    return variant, {name: option}
+    return variant, {} if option == default else {name: option}
+
+
+def canonical_form(spec: str) -> str:
+    """The FORMS spelling of spec ("katz_infsa:relu" -> "katz_infsa"), one-line errors for an unknown one."""
+    variant, options = parse_variant(spec)
+    return f"{variant}:{next(iter(options.values()))}" if options else variant
 
 
 @dataclass
@@ -223,6 +229,7 @@ def convert(
         cross-attention, unmappable weights); the model is then left unchanged.
     """
     base, options = parse_variant(variant)
+    variant = canonical_form(variant)
     if not 0.0 < gamma_init < 1.0:
         raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
     check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)

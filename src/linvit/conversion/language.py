@@ -32,8 +32,8 @@ STATE = "_linvit_row_sq"  # the attribute of a Cache that holds each layer's squ
 EPS = 1e-6
 CAUSAL_REFUSAL = (
     "{variant} pools every token into one summary, which has no causal form here: a causal language model "
-    "would see future tokens. Use variant='katz_infsa' (causal, linear time, no key/value cache) or "
-    "'pure_infsa' (quadratic, exact causal and padding masks)"
+    "would see future tokens. Use variant='katz_infsa' (causal, linear time, no key/value cache), "
+    "'pure_infsa' (quadratic, exact causal and padding masks) or 'linear_attention' (the one-hop anchor form)"
 )
 
 
@@ -78,8 +78,11 @@ def convert_language_model(
             "encoder-decoder models (cross-attention over the encoder) are not supported; decoders and encoders are"
         )
     current = str(getattr(model.config, "_attn_implementation", None))
-    if current.startswith("linvit_") and current != f"linvit_{variant}":  # its hooks and state are the other's
-        raise UsageError(f"this model is already converted ({current}): convert its softmax original to {variant}")
+    previous = getattr(getattr(model, "linvit_conversion", None), "variant", None)
+    asked = report.variant  # the whole form, "katz_infsa:hedgehog"
+    if current.startswith("linvit_") and (current != f"linvit_{variant}" or previous not in (None, asked)):
+        # its hooks, state and feature maps are the other form's
+        raise UsageError(f"this model is already converted ({current}): convert its softmax original to {asked}")
     causal = is_causal_model(model, modules)
     if variant in ("katz_infsa", "linear_attention") and causal:
         from . import language_katz

@@ -105,7 +105,7 @@ def add_feature_maps(modules, feature_map: str | None, feature_dim: int | None) 
         return
     if feature_map not in LEARNED_FEATURE_MAPS:
         raise UsageError(
-            f"causal Katz-InfSA keeps ELU + 1 (docs/spec/infsa.md 4.1) or learns its map; got {feature_map!r}"
+            f"causal language models keep ELU + 1 features (spec/infsa.md 4.1) or learn a map; got {feature_map!r}"
         )
     for _, module in modules:
         if hasattr(module, "infsa_feature_q"):
@@ -152,30 +152,41 @@ class MaskLayout(NamedTuple):
 def read_mask(attention_mask: torch.Tensor | None, q_len: int, sliding_window: int | None = None) -> MaskLayout:
     """The padding and packed-document starts of a transformers mask (B, 1, q, seen + q), checked: the mask must
     be causal, less padded keys, within each document; a sliding window is allowed and not applied
-    (FRESH_SLOTS). Anything else (a custom pattern the state cannot follow) is refused in one line."""
+    (FRESH_SLOTS). A new token that sees none of the cached keys starts a document. Anything else (a custom
+    pattern the state cannot follow) is refused in one line."""
     if attention_mask is None:
         return MaskLayout(None, None)
     if attention_mask.dtype != torch.bool:  # an additive float mask: 0 keeps, a large negative removes
         attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
     mask = attention_mask[:, 0]  # (B, q, seen + q)
-    new = mask[..., -q_len:]
+    new, cached = mask[..., -q_len:], mask[..., :-q_len]
     keep = new.any(dim=-2)  # a real key is seen at least by its own query
     resets = torch.zeros_like(keep)
-    sees_previous = new.diagonal(offset=-1, dim1=-2, dim2=-1)  # query i sees key i - 1
-    resets[:, 1:] = keep[:, 1:] & keep[:, :-1] & ~sees_previous
+    if cached.shape[-1] > 0:  # the first new token starts a document where it sees no cached key
+        resets[:, 0] = keep[:, 0] & ~cached[:, 0].any(dim=-1)
+    if q_len > 1:
+        sees_previous = new.diagonal(offset=-1, dim1=-2, dim2=-1)  # query i sees key i - 1
+        resets[:, 1:] = keep[:, 1:] & keep[:, :-1] & ~sees_previous
+        _check_pattern(new, cached, keep, resets, sliding_window)
+    return MaskLayout(keep, resets if bool(resets.any()) else None)
+
+
+def _check_pattern(new, cached, keep, resets, sliding_window) -> None:
+    """Refuse a mask that is not causal plus padding within packed documents (one line). O(q^2): prompts only,
+    never a decoding step of one token."""
     document = torch.cumsum(resets.long(), dim=-1)
-    i = torch.arange(q_len, device=mask.device)
+    q_len = new.shape[-1]
+    i = torch.arange(q_len, device=new.device)
     expected = (i[None, :] <= i[:, None]) & keep[:, None, :] & (document[:, :, None] == document[:, None, :])
     if sliding_window is not None:
         expected &= i[:, None] - i[None, :] < sliding_window
     wrong = (new != expected) & keep[:, :, None]  # padded queries' rows are never read
-    later = (mask[..., :-q_len].any(dim=-1) & (document > 0) & keep)[..., None]  # a new document sees no cache
+    later = (cached.any(dim=-1) & (document > 0) & keep)[..., None]  # a new document sees no cache
     if bool(wrong.any() | later.any()):
         raise UsageError(
             "causal Katz-InfSA follows causal, padding and packed-document masks only (its state cannot hide an "
             "arbitrary set of keys): this mask has another pattern; use pure_infsa for custom masks"
         )
-    return MaskLayout(keep, resets if bool(resets.any()) else None)
 
 
 def katz_causal_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import TrainConfig
-from ..conversion.core import FORMS
+from ..conversion.core import FORMS, canonical_form
 from ..data import collate_images
 from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..engine import Parts, Run, Task, fit
@@ -75,8 +75,12 @@ class DistillConfig(TrainConfig):
     def __post_init__(self) -> None:
         if self.gamma_init is None:
             self.gamma_init = default_gamma(self.mixer)
-        if self.mixer not in FORMS:
-            raise UsageError(f"mixer must be one of {', '.join(FORMS)} (linvit.convert's), got {self.mixer!r}")
+        try:
+            self.mixer = canonical_form(self.mixer)  # one spelling per form ("katz_infsa:relu" -> "katz_infsa")
+        except UsageError:
+            raise UsageError(
+                f"mixer must be one of {', '.join(FORMS)} (linvit.convert's), got {self.mixer!r}"
+            ) from None
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:

@@ -138,13 +138,14 @@ def capture_inputs(
     return captured, logits
 
 
-def projected_qk(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def projected_qk(mixer: nn.Module, x: torch.Tensor, features: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's own q, k (B, H, N, D) on its input x, as float64, for any timm-layout attention; a Katz-InfSA
-    layer's through its learned feature maps where it has them (its ops then read them with mixer.kernel)."""
+    layer's through its learned feature maps where it has them and features is set (its ops then read them with
+    mixer.kernel)."""
     B, N, _ = x.shape
     q, k, _ = mixer.qkv(x).reshape(B, N, 3, mixer.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
     q, k = mixer.q_norm(q).double(), mixer.k_norm(k).double()
-    if isinstance(mixer, KatzInfSAAttention):
+    if features and isinstance(mixer, KatzInfSAAttention):
         return mixer.feature_q(q), mixer.feature_k(k)
     return q, k
 

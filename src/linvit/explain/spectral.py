@@ -32,7 +32,7 @@ def spectral_report(model: nn.Module, images: torch.Tensor, depth: int | None = 
     depth = depth or len(mixers)
     layers = []
     for index, (mixer, x) in enumerate(zip(mixers, inputs, strict=True)):
-        q, k = projected_qk(mixer, x)
+        q, k = projected_qk(mixer, x, features=False)  # the projections themselves, before any learned map
         A = infsa_operator(q, k, mixer.eps)  # the ReLU(q k^T / d) operator, for Katz layers too (see note)
         perron = perron_vector_dense(A)
         importance = linear_infsa_importance(q, k, mixer.eps, getattr(mixer, "linear_variant", "release"))  # its own

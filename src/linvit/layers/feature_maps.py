@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import UsageError
-from ..ops.common import accumulation_dtype
+from ..ops.common import accumulation_dtype, no_autocast
 
 LEARNED_FEATURE_MAPS = ("hedgehog",)
 INIT_SCALE = 24.0  # W = INIT_SCALE / sqrt(d) * I (3 I at head dim 64): the lowest starting loss of 1-32 on digit
@@ -25,8 +25,9 @@ INIT_SCALE = 24.0  # W = INIT_SCALE / sqrt(d) * I (3 I at head dim 64): the lowe
 def hedgehog(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """[softmax(x W), softmax(-x W)] for x (B, H, N, d) and weight (H, d, f): (B, H, N, 2f) in x's dtype.
 
-    The product and both softmaxes run in float32 (float64 for float64 inputs), so half-precision inputs get
-    features that sum to 2 per token to rounding, never an overflowed exponential."""
+    The product and both softmaxes run in float32 (float64 for float64 inputs; call with autocast off, as the
+    module does), so half-precision inputs get features that sum to 2 per token to rounding, never an
+    overflowed exponential."""
     dtype = accumulation_dtype(x)
     scores = torch.matmul(x.to(dtype), weight.to(dtype).unsqueeze(0))  # (B, H, N, f)
     return torch.cat([torch.softmax(scores, dim=-1), torch.softmax(-scores, dim=-1)], dim=-1).to(x.dtype)
@@ -37,9 +38,9 @@ class HedgehogFeatureMap(nn.Module):
 
     def __init__(self, num_heads: int, head_dim: int, feature_dim: int | None = None, *, device=None, dtype=None):
         super().__init__()
-        feature_dim = head_dim if feature_dim is None else int(feature_dim)
-        if feature_dim < 1:
-            raise UsageError(f"feature_dim must be a positive number of features, got {feature_dim}")
+        feature_dim = head_dim if feature_dim is None else feature_dim
+        if isinstance(feature_dim, bool) or not isinstance(feature_dim, int) or feature_dim < 1:
+            raise UsageError(f"feature_dim must be a positive whole number of features, got {feature_dim!r}")
         self.num_heads, self.head_dim, self.feature_dim = num_heads, head_dim, feature_dim
         self.weight = nn.Parameter(torch.empty(num_heads, head_dim, feature_dim, device=device, dtype=dtype))
         self.reset_parameters()
@@ -56,6 +57,9 @@ class HedgehogFeatureMap(nn.Module):
         return 2 * self.feature_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():  # autocast would run the product in half precision (TorchScript has none)
+            with no_autocast(x):
+                return hedgehog(x, self.weight)
         return hedgehog(x, self.weight)
 
     def extra_repr(self) -> str:

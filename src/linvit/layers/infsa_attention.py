@@ -47,6 +47,17 @@ def check_choice(name: str, value: object, choices: tuple) -> None:
         raise UsageError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
 
 
+def check_feature_map(feature_map: str, feature_dim: int | None) -> None:
+    """One-line errors for a feature map and its size, before a layer changes anything."""
+    check_choice("feature_map", feature_map, FEATURE_MAPS)
+    if feature_dim is None:
+        return
+    if feature_map not in LEARNED_FEATURE_MAPS:
+        raise UsageError(f"feature_dim sizes a learned feature map ({', '.join(LEARNED_FEATURE_MAPS)}) only")
+    if isinstance(feature_dim, bool) or not isinstance(feature_dim, int) or feature_dim < 1:
+        raise UsageError(f"feature_dim must be a positive whole number of features, got {feature_dim!r}")
+
+
 class FoldedWeights(NamedTuple):
     """Per-head weights of the folded Linear-InfSA path (see LinearInfSAAttention.folded_weights)."""
 
@@ -399,15 +410,13 @@ class KatzInfSAAttention(_InfSABase):
     def use_feature_map(self, feature_map: str, feature_dim: int | None = None) -> None:
         """Select the feature map: a fixed one ("relu", "elu+1") or a learned one ("hedgehog": per-head maps of
         queries and keys, 2 feature_dim features, layers.feature_maps), built anew on the layer's device."""
-        check_choice("feature_map", feature_map, FEATURE_MAPS)
+        check_feature_map(feature_map, feature_dim)
         self.feature_map = feature_map
         self.kernel = "identity" if feature_map in LEARNED_FEATURE_MAPS else feature_map  # what the ops apply
         if feature_map in LEARNED_FEATURE_MAPS:
             dd = {"device": self.qkv.weight.device, "dtype": self.qkv.weight.dtype}
             self.feature_q = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
             self.feature_k = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
-        elif feature_dim is not None:
-            raise UsageError(f"feature_dim sizes a learned feature map ({', '.join(LEARNED_FEATURE_MAPS)}) only")
         else:
             self.feature_q, self.feature_k = nn.Identity(), nn.Identity()
 

@@ -17,18 +17,18 @@ from ..errors import UsageError
 from ..ops.common import accumulation_dtype, no_autocast
 from ..ops.katz import feature_map as fixed_feature_map
 from .feature_maps import LEARNED_FEATURE_MAPS, HedgehogFeatureMap
-from .infsa_attention import FEATURE_MAPS, check_choice
+from .infsa_attention import check_feature_map
 
 
 def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
     """phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1 + eps) for (B, H, N, F) features and (B, H, N, D) values, in the
-    accumulation dtype, returned in v's dtype. A query whose features meet no key's gives 0, never NaN."""
+    accumulation dtype, returned in v's dtype (call with autocast off). A query whose features meet no key's
+    gives 0, never NaN."""
     dtype = accumulation_dtype(v)
-    with no_autocast(v):
-        fq, fk, vv = fq.to(dtype), fk.to(dtype), v.to(dtype)
-        kv = fk.transpose(-2, -1) @ vv  # (B, H, F, D)
-        normaliser = fq @ fk.sum(dim=-2).unsqueeze(-1)  # (B, H, N, 1)
-        return ((fq @ kv) / (normaliser + eps)).to(v.dtype)
+    fq, fk, vv = fq.to(dtype), fk.to(dtype), v.to(dtype)
+    kv = fk.transpose(-2, -1) @ vv  # (B, H, F, D)
+    normaliser = fq @ fk.sum(dim=-2).unsqueeze(-1)  # (B, H, N, 1)
+    return ((fq @ kv) / (normaliser + eps)).to(v.dtype)
 
 
 @register_notrace_module
@@ -75,10 +75,9 @@ class LinearAttention(nn.Module):
 
     def use_feature_map(self, feature_map: str, feature_dim: int | None = None) -> None:
         """The map of queries and keys: fixed (ops.katz.feature_map) or learned, built on the layer's device."""
-        check_choice("feature_map", feature_map, FEATURE_MAPS)
-        if feature_dim is not None and feature_map not in LEARNED_FEATURE_MAPS:
-            raise UsageError(f"feature_dim sizes a learned feature map ({', '.join(LEARNED_FEATURE_MAPS)}) only")
+        check_feature_map(feature_map, feature_dim)
         self.feature_map = feature_map
+        self.learned = feature_map in LEARNED_FEATURE_MAPS
         if feature_map in LEARNED_FEATURE_MAPS:
             dd = {"device": self.qkv.weight.device, "dtype": self.qkv.weight.dtype}
             self.feature_q = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
@@ -86,18 +85,24 @@ class LinearAttention(nn.Module):
         else:
             self.feature_q, self.feature_k = nn.Identity(), nn.Identity()
 
-    def features(self, t: torch.Tensor, learned: nn.Module) -> torch.Tensor:
-        if self.feature_map in LEARNED_FEATURE_MAPS:
-            return learned(t)
-        return fixed_feature_map(t.to(accumulation_dtype(t)), self.feature_map)
+    def features(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """phi(q), phi(k): the learned maps' outputs, or the fixed map in the accumulation dtype."""
+        if self.learned:
+            return self.feature_q(q), self.feature_k(k)
+        dtype = accumulation_dtype(q)
+        return fixed_feature_map(q.to(dtype), self.feature_map), fixed_feature_map(k.to(dtype), self.feature_map)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError("linear attention is computed from token sums here; attention masks are not supported")
         B, N, C = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
-        out = linear_attention(self.features(q, self.feature_q), self.features(k, self.feature_k), v, self.eps)
+        fq, fk = self.features(self.q_norm(q), self.k_norm(k))
+        if not torch.jit.is_scripting():  # the token sums in float32 under any autocast (TorchScript has none)
+            with no_autocast(v):
+                out = linear_attention(fq, fk, v, self.eps)
+        else:
+            out = linear_attention(fq, fk, v, self.eps)
         return self.proj_drop(self.proj(self.norm(out.transpose(1, 2).reshape(B, N, C))))
 
     def extra_repr(self) -> str:
