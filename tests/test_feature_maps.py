@@ -98,7 +98,9 @@ def test_a_converted_timm_model_rebuilds_with_its_maps_and_feature_size():
         ("pure_infsa:hedgehog", {}, "pure_infsa takes no ':option'"),
         ("katz_infsa:softmax", {}, "feature_map must be one of"),
         ("katz_infsa", {"feature_dim": 4}, "feature_dim sizes a learned feature map"),
-        ("katz_infsa:hedgehog", {"feature_dim": 0}, "feature_dim sizes a learned feature map"),
+        ("katz_infsa:hedgehog", {"feature_dim": 0}, "feature_dim must be a positive whole number"),
+        ("katz_infsa:hedgehog", {"feature_dim": "8"}, "feature_dim must be a positive whole number"),
+        ("linear_attention:hedgehog", {"feature_dim": 2.5}, "feature_dim must be a positive whole number"),
     ],
 )
 def test_bad_forms_are_refused_in_one_line(variant, kwargs, message):

@@ -19,7 +19,7 @@ from timm.layers import trunc_normal_
 from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.feature_maps import LEARNED_FEATURE_MAPS
-from ..layers.infsa_attention import FEATURE_MAPS, LINEAR_VARIANTS, check_choice
+from ..layers.infsa_attention import FEATURE_MAPS, LINEAR_VARIANTS, check_choice, check_feature_map
 from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
 from .language import convert_language_model, interface_attention_modules
 from .timm_model import mark_converted
@@ -237,8 +237,10 @@ def convert(
         raise UsageError(f"variant {variant!r} and linear_variant={linear_variant!r} disagree: give one")
     linear_variant = options.get("linear_variant", linear_variant)
     feature_map = options.get("feature_map")  # None: the variant's own (ReLU; ELU + 1 in causal language models)
-    if feature_dim is not None and (feature_map not in LEARNED_FEATURE_MAPS or feature_dim < 1):
-        raise UsageError(f"feature_dim sizes a learned feature map ('katz_infsa:hedgehog'); got {feature_dim}")
+    if feature_dim is not None and feature_map not in LEARNED_FEATURE_MAPS:
+        learned = ", ".join(f for f in FORMS if f.partition(":")[2] in LEARNED_FEATURE_MAPS)
+        raise UsageError(f"feature_dim sizes a learned feature map ({learned}); {variant!r} has none")
+    check_feature_map(feature_map or "relu", feature_dim)
     include, exclude = _patterns(include), _patterns(exclude)
     adapters = _chosen_adapters(target_types)
     report = ConversionReport(variant, gamma_init, include, exclude)

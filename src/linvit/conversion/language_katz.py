@@ -105,7 +105,8 @@ def add_feature_maps(modules, feature_map: str | None, feature_dim: int | None) 
         return
     if feature_map not in LEARNED_FEATURE_MAPS:
         raise UsageError(
-            f"causal language models keep ELU + 1 features (spec/infsa.md 4.1) or learn a map; got {feature_map!r}"
+            f"causal language models take ELU + 1 features (spec/infsa.md 4.1) or a learned map, got {feature_map!r}: "
+            "use katz_infsa, katz_infsa:hedgehog, linear_attention or linear_attention:hedgehog"
         )
     for _, module in modules:
         if hasattr(module, "infsa_feature_q"):
