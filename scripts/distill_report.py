@@ -18,6 +18,7 @@ LANGUAGE_NAMES = {
     "linear_attention:hedgehog": "`lolcats` form without its window (linear attention, `hedgehog`)",
 }
 ANCHOR = "linear_attention:hedgehog"  # the field's form that Katz's students are judged against (issue 44)
+SHORT_NAMES = {"katz_infsa:hedgehog": "Katz-InfSA + hedgehog maps", ANCHOR: "adala: linear attn. + hedgehog"}
 VISION_PARTS = {"vision": "retention.png", "vision_max": "retention_max.png"}  # summary -> its figure, docs/distill
 
 
@@ -184,7 +185,7 @@ def figure(vision: dict, path: Path) -> None:
                 ax.errorbar([b + dodge for b in x], mean, yerr=spread, fmt=style, capsize=3, label=method)
         ax.axhline(99, color="grey", lw=0.8, ls="--", label="goal: 99%")
         ax.set_xticks(sorted(budgets))
-        ax.set_title(f"student: {NAMES[mixer]}")
+        ax.set_title(SHORT_NAMES.get(mixer, f"student: {NAMES[mixer]}"), fontsize=10)
         ax.set_xlabel("% of the teacher's training steps")
     axes[0][0].set_ylabel("val top-1, % of the teacher's")
     axes[0][0].legend(fontsize=8)

@@ -512,7 +512,12 @@ def _add_distill_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--data", required=True, help="images: DIR/<split>/<class>/* or digits:...; text (LM): a .txt file or folder"
     )
-    p.add_argument("--mixer", choices=CONVERT_VARIANTS, default="katz_infsa", help="the student's attention")
+    p.add_argument(
+        "--mixer",
+        choices=CONVERT_VARIANTS,
+        default="katz_infsa:hedgehog",
+        help="the student's attention (docs/distill.md)",
+    )
     p.add_argument(
         "--gamma-init",
         type=float,

@@ -21,7 +21,7 @@ import torch.nn as nn
 from transformers.cache_utils import CacheLayerMixin  # this module is imported only for transformers models
 
 from ..errors import UsageError
-from ..layers.feature_maps import LEARNED_FEATURE_MAPS, HedgehogFeatureMap
+from ..layers.feature_maps import LEARNED_FEATURE_MAPS, query_and_key_maps
 from ..ops.common import accumulation_dtype
 from ..ops.katz_causal import FEATURES, CausalKatzState, causal_katz_chunked, causal_katz_recurrent
 from ..ops.linear_causal import causal_linear_chunked, causal_linear_recurrent
@@ -111,11 +111,9 @@ def add_feature_maps(modules, feature_map: str | None, feature_dim: int | None) 
     for _, module in modules:
         if hasattr(module, "infsa_feature_q"):
             continue
-        weight = next(module.parameters())
         heads, head_dim = int(module.config.num_attention_heads), int(module.head_dim)
-        for name in ("infsa_feature_q", "infsa_feature_k"):
-            maps = HedgehogFeatureMap(heads, head_dim, feature_dim, device=weight.device, dtype=weight.dtype)
-            setattr(module, name, maps)
+        maps = query_and_key_maps(feature_map, heads, head_dim, feature_dim, next(module.parameters()))
+        module.infsa_feature_q, module.infsa_feature_k = maps
 
 
 def install_state_layer(module: nn.Module, args, kwargs) -> None:

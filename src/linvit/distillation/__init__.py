@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch.nn as nn
 
 from .student import make_student
-from .task import STAGES, Distillation, DistillConfig, run_distill
+from .task import DEFAULT_MIXER, STAGES, Distillation, DistillConfig, run_distill
 from .teacher import Teacher, load_teacher
 
 
-def distill(teacher: str, data: str, output: str, mixer: str = "katz_infsa", **options) -> nn.Module:
+def distill(teacher: str, data: str, output: str, mixer: str = DEFAULT_MIXER, **options) -> nn.Module:
     """Distil the teacher (a timm name, run folder, ``torchvision:NAME`` or ``hf:PATH``) into a student whose
     attention is ``mixer`` (linvit.convert's variants), on data (an image dataset, or text for a language
     model); OUT becomes a run folder. options are DistillConfig's fields (epochs, lr, transfer_epochs,

@@ -64,3 +64,12 @@ class HedgehogFeatureMap(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, feature_dim={self.feature_dim}"
+
+
+def query_and_key_maps(feature_map: str, num_heads: int, head_dim: int, feature_dim: int | None, like: torch.Tensor):
+    """A layer's two maps (queries, keys): learned ones on like's device and dtype, or identities for a fixed map
+    (which the ops apply themselves)."""
+    if feature_map not in LEARNED_FEATURE_MAPS:
+        return nn.Identity(), nn.Identity()
+    dd = {"device": like.device, "dtype": like.dtype}
+    return tuple(HedgehogFeatureMap(num_heads, head_dim, feature_dim, **dd) for _ in range(2))

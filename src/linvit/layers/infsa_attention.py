@@ -29,7 +29,7 @@ from ..ops.infsa import (
 )
 from ..ops.katz import feature_dtype, katz_factors, katz_features, katz_mixing, katz_token_sums, mixing_as
 from ..ops.katz import feature_map as katz_feature_map
-from .feature_maps import LEARNED_FEATURE_MAPS, HedgehogFeatureMap
+from .feature_maps import LEARNED_FEATURE_MAPS, query_and_key_maps
 from .graph_capture import call_eagerly, is_fx_tracing, stateless_call
 
 torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see graph_capture.call_eagerly)
@@ -413,12 +413,8 @@ class KatzInfSAAttention(_InfSABase):
         check_feature_map(feature_map, feature_dim)
         self.feature_map = feature_map
         self.kernel = "identity" if feature_map in LEARNED_FEATURE_MAPS else feature_map  # what the ops apply
-        if feature_map in LEARNED_FEATURE_MAPS:
-            dd = {"device": self.qkv.weight.device, "dtype": self.qkv.weight.dtype}
-            self.feature_q = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
-            self.feature_k = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
-        else:
-            self.feature_q, self.feature_k = nn.Identity(), nn.Identity()
+        maps = query_and_key_maps(feature_map, self.num_heads, self.head_dim, feature_dim, self.qkv.weight)
+        self.feature_q, self.feature_k = maps
 
     def featured_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """project_qkv, with q and k through the learned feature maps where the layer has them (the ops then take

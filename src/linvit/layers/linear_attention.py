@@ -16,7 +16,7 @@ from timm.layers import register_notrace_module
 from ..errors import UsageError
 from ..ops.common import accumulation_dtype, no_autocast
 from ..ops.katz import feature_map as fixed_feature_map
-from .feature_maps import LEARNED_FEATURE_MAPS, HedgehogFeatureMap
+from .feature_maps import LEARNED_FEATURE_MAPS, query_and_key_maps
 from .infsa_attention import check_feature_map
 
 
@@ -78,12 +78,8 @@ class LinearAttention(nn.Module):
         check_feature_map(feature_map, feature_dim)
         self.feature_map = feature_map
         self.learned = feature_map in LEARNED_FEATURE_MAPS
-        if feature_map in LEARNED_FEATURE_MAPS:
-            dd = {"device": self.qkv.weight.device, "dtype": self.qkv.weight.dtype}
-            self.feature_q = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
-            self.feature_k = HedgehogFeatureMap(self.num_heads, self.head_dim, feature_dim, **dd)
-        else:
-            self.feature_q, self.feature_k = nn.Identity(), nn.Identity()
+        maps = query_and_key_maps(feature_map, self.num_heads, self.head_dim, feature_dim, self.qkv.weight)
+        self.feature_q, self.feature_k = maps
 
     def features(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """phi(q), phi(k): the learned maps' outputs, or the fixed map in the accumulation dtype."""
