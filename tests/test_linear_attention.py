@@ -12,8 +12,6 @@ import linvit
 from linvit.layers import LinearAttention
 from linvit.ops.linear_causal import causal_linear_chunked, causal_linear_dense, causal_linear_recurrent
 
-transformers = pytest.importorskip("transformers")
-
 
 def _elu1(t: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.elu(t.double() / t.shape[-1] ** 0.5) + 1
@@ -100,6 +98,7 @@ def test_causal_forms_equal_the_masked_float64_reference(lengths, padded, chunk,
 
 
 def _gpt2(form: str):
+    transformers = pytest.importorskip("transformers")  # the vision and op tests above run without it
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=61, n_embd=32, n_layer=2, n_head=4, n_positions=400)
     model = transformers.GPT2LMHeadModel(cfg).eval()
