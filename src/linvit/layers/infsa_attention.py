@@ -58,6 +58,30 @@ def check_feature_map(feature_map: str, feature_dim: int | None) -> None:
         raise UsageError(f"feature_dim must be a positive whole number of features, got {feature_dim!r}")
 
 
+def timm_attention_layout(
+    module: nn.Module, dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, proj_drop, norm_layer, kwargs: dict
+) -> dict:
+    """timm Attention's checks and parameters on module (num_heads, head_dim, qkv, q_norm, k_norm, norm, proj,
+    proj_drop), so timm tooling and linvit.convert treat it as timm's. kwargs may hold only device, dtype and
+    timm's depth; returns {device, dtype} for the caller's own parameters."""
+    if dim % num_heads != 0:
+        raise UsageError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+    if (qk_norm or scale_norm) and norm_layer is None:
+        raise UsageError("norm_layer must be given when qk_norm or scale_norm is set")
+    dd = {k: kwargs.pop(k) for k in ("device", "dtype") if k in kwargs}
+    kwargs.pop("depth", None)
+    if kwargs:
+        raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+    module.num_heads, module.head_dim = num_heads, dim // num_heads
+    module.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+    module.q_norm = norm_layer(module.head_dim, **dd) if qk_norm else nn.Identity()
+    module.k_norm = norm_layer(module.head_dim, **dd) if qk_norm else nn.Identity()
+    module.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
+    module.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
+    module.proj_drop = nn.Dropout(proj_drop)
+    return dd
+
+
 class FoldedWeights(NamedTuple):
     """Per-head weights of the folded Linear-InfSA path (see LinearInfSAAttention.folded_weights)."""
 
@@ -94,27 +118,13 @@ class _InfSABase(nn.Module):
         **kwargs,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise UsageError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         if not 0.0 < gamma_init < 1.0:
             raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
-        if (qk_norm or scale_norm) and norm_layer is None:
-            raise UsageError("norm_layer must be given when qk_norm or scale_norm is set")
-        dd = {k: kwargs.pop(k) for k in ("device", "dtype") if k in kwargs}
-        kwargs.pop("depth", None)
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        layout = (dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, proj_drop, norm_layer)
+        dd = timm_attention_layout(self, *layout, kwargs)
         self.gamma_init = gamma_init
         self.eps = eps
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
-        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
-        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
-        self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
-        self.proj_drop = nn.Dropout(proj_drop)
         self.theta = nn.Parameter(torch.empty(num_heads, **dd))
         # dead-head monitor (linvit.engine.DeadHeadStats turns it on while training): per head, the images of the
         # recorded forwards whose scores were all zero, then the image count, added in place on the device to one

@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..ops.common import accumulation_dtype, no_autocast
 from ..ops.katz import feature_map as fixed_feature_map
 from .feature_maps import LEARNED_FEATURE_MAPS, query_and_key_maps
-from .infsa_attention import check_feature_map
+from .infsa_attention import check_feature_map, timm_attention_layout
 
 
 def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,23 +54,11 @@ class LinearAttention(nn.Module):
         **kwargs,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise UsageError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         if attn_drop:
             raise UsageError("linear attention never forms the attention matrix; attn_drop must be 0")
-        if (qk_norm or scale_norm) and norm_layer is None:
-            raise UsageError("norm_layer must be given when qk_norm or scale_norm is set")
-        dd = {k: kwargs.pop(k) for k in ("device", "dtype") if k in kwargs}
-        kwargs.pop("depth", None)
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        self.num_heads, self.head_dim, self.eps = num_heads, dim // num_heads, eps
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
-        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
-        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
-        self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
-        self.proj_drop = nn.Dropout(proj_drop)
+        layout = (dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, proj_drop, norm_layer)
+        timm_attention_layout(self, *layout, kwargs)
+        self.eps = eps
         self.use_feature_map(feature_map, feature_dim)
 
     def use_feature_map(self, feature_map: str, feature_dim: int | None = None) -> None:
