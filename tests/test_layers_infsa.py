@@ -217,3 +217,25 @@ def test_a_bfloat16_input_under_autocast_runs_at_inference(cls):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = layer(x.bfloat16())
     assert out.dtype == torch.bfloat16 and rel_err(out.float(), expected) < 2e-2
+
+
+@pytest.mark.parametrize("cls", [LinearInfSAAttention, KatzInfSAAttention])
+def test_streamed_passes_normalise_every_chunk_under_the_callers_autocast(cls):
+    """residual_streamed iterates its chunks inside no_autocast; the block's norm must still run under the
+    caller's autocast (a CUDA layer norm given a bfloat16 chunk and float32 weights fails outside it)."""
+    torch.manual_seed(0)
+    m = cls(32, num_heads=4).eval()
+    norm = torch.nn.LayerNorm(32)
+    seen = []
+
+    def spy(x):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return norm(x)
+
+    x = torch.randn(2, 40, 32)
+    spans = [(0, 16), (16, 32), (32, 40)]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        streamed = m.residual_streamed(x.clone(), spans, spy, torch.nn.Identity())
+        whole = x + m(norm(x))
+    assert seen and all(seen)
+    torch.testing.assert_close(streamed, whole.float(), rtol=0.05, atol=0.05)

@@ -516,10 +516,20 @@ class KatzInfSAAttention(_InfSABase):
 
 
 class _Chunks:
-    """Re-iterable view of fn(x[:, s:e]) over token spans (the streaming passes iterate twice)."""
+    """Re-iterable view of fn(x[:, s:e]) over token spans (the streaming passes iterate twice).
+
+    fn runs under the autocast state the view was created in: a pass may iterate it inside ``no_autocast``,
+    where a CUDA layer norm given a bfloat16 chunk and float32 weights fails (found at 4096 px on an H200)."""
 
     def __init__(self, x: torch.Tensor, spans: list[tuple[int, int]], fn) -> None:
         self.x, self.spans, self.fn = x, spans, fn
+        self.autocast = autocast_dtype(x)
 
     def __iter__(self):
-        return (self.fn(self.x[:, s:e]) for s, e in self.spans)
+        return (self._apply(self.x[:, s:e]) for s, e in self.spans)
+
+    def _apply(self, chunk: torch.Tensor) -> torch.Tensor:
+        if self.autocast is None:
+            return self.fn(chunk)
+        with torch.autocast(chunk.device.type, dtype=self.autocast):
+            return self.fn(chunk)
