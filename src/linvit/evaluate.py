@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from .config import Config, default_workers
-from .data import SafeImageFolder, collate_images
-from .data.digit_tasks import digits_split, is_digits_spec
+from .data import collate_images
+from .data.splits import open_split
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .errors import UsageError
 from .utils import compile_model
@@ -81,10 +81,8 @@ def write_json(path: str | Path, record: dict) -> None:
 
 
 def image_split(data, split: str, transform=None, unreadable: str = "skip"):
-    """DATA/SPLIT as an image folder, or a split of the drawn digit tasks (`--data digits:TASK,...`)."""
-    if is_digits_spec(data):
-        return digits_split(data, split, transform)
-    return SafeImageFolder(Path(data) / split, transform=transform, unreadable=unreadable)
+    """The split of any `--data` spec (class folder, digits:, wds:, hfds:; see data.splits)."""
+    return open_split(data, split, transform, unreadable)
 
 
 def class_count(data: str, split: str) -> int:
@@ -117,6 +115,10 @@ class EvalConfig(Config):
 
 def run_eval(config: EvalConfig) -> dict:
     """`linvit eval`: evaluate a checkpoint on one split and print / save the metrics."""
+    if str(config.checkpoint or "").lower().endswith(".onnx"):  # an exported graph: onnxruntime, not PyTorch
+        from .onnx_runtime import evaluate_onnx
+
+        return evaluate_onnx(config)
     rank, world, device = init_distributed(config.device)
     try:
         config, run = use_run_folder(config)

@@ -23,7 +23,36 @@ DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 MAX_REPLACEMENTS = 100  # consecutive undecodable files before the split is declared broken
 
 
-class SafeImageFolder(ImageFolder):
+class UnreadableItems:
+    """Items (image, target, unreadable) over a split's ``decode(index)`` and ``target(index)``, an undecodable
+    item replaced by the next decodable one (``unreadable="replace"``, training) or given as None ("skip")."""
+
+    unreadable: str = "skip"
+    transform = None
+
+    def __getitem__(self, index: int):
+        passed_over = 0
+        image = self.decode(index)
+        while image is None and self.unreadable == "replace":
+            passed_over += 1
+            if passed_over > min(MAX_REPLACEMENTS, len(self) - 1):
+                raise UsageError(f"{self.root}: {passed_over} undecodable images in a row; is the split corrupt?")
+            index = (index + 1) % len(self)
+            image = self.decode(index)
+        if image is None:
+            return None
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, self.target(index), passed_over
+
+
+def check_unreadable(unreadable: str) -> str:
+    if unreadable not in ("skip", "replace"):
+        raise UsageError(f"unreadable must be 'skip' or 'replace', got {unreadable!r}")
+    return unreadable
+
+
+class SafeImageFolder(UnreadableItems, ImageFolder):
     """torchvision ImageFolder that replaces (training) or skips (evaluation) images it cannot decode.
 
     Items are (image, target, unreadable): with "replace", unreadable is how many files were passed over to
@@ -31,8 +60,7 @@ class SafeImageFolder(ImageFolder):
     """
 
     def __init__(self, root: str | Path, transform=None, unreadable: str = "skip") -> None:
-        if unreadable not in ("skip", "replace"):
-            raise UsageError(f"unreadable must be 'skip' or 'replace', got {unreadable!r}")
+        check_unreadable(unreadable)
         root = Path(root)
         if not root.is_dir():
             raise UsageError(f"{root}: split folder not found")
@@ -51,21 +79,8 @@ class SafeImageFolder(ImageFolder):
             warnings.warn(f"unreadable image {path}: {type(err).__name__}: {err}", stacklevel=2)
             return None
 
-    def __getitem__(self, index: int):
-        passed_over = 0
-        image = self.decode(index)
-        while image is None and self.unreadable == "replace":
-            passed_over += 1
-            if passed_over > min(MAX_REPLACEMENTS, len(self) - 1):
-                raise UsageError(f"{self.root}: {passed_over} undecodable images in a row; is the split corrupt?")
-            index = (index + 1) % len(self)
-            image = self.decode(index)
-        if image is None:
-            return None
-        target = self.samples[index][1]
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, target, passed_over
+    def target(self, index: int) -> int:
+        return self.samples[index][1]
 
 
 def collate_images(batch: list) -> tuple[torch.Tensor, torch.Tensor, int] | None:

@@ -10,7 +10,6 @@ one grey channel, fresh canvases every epoch) or an image folder with class subf
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import torch
 from timm.utils import ModelEmaV3
@@ -18,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from ..config import TrainConfig
 from ..data.digit_tasks import digits_split, is_digits_spec
+from ..data.splits import open_split
 from ..distributed import all_reduce_sum
 from ..engine import Parts, Run, Task, fit
 from ..errors import UsageError
@@ -58,15 +58,12 @@ class PixelImages(torch.utils.data.Dataset):
             self.source, self.channels = digits_split(data, split), 1
             self.size = self.source.canvas
         else:
-            from torchvision import datasets, transforms
+            from torchvision import transforms
 
             if size is None:
-                raise UsageError("an image folder needs --img-size (the side images are resized and cropped to)")
-            folder = Path(data) / split
-            if not folder.is_dir():
-                raise UsageError(f"{folder}: no such folder (expected DATA/{split}/<class>/*.png)")
+                raise UsageError("RGB images need --img-size (the side images are resized and cropped to)")
             tf = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size), transforms.ToTensor()])
-            self.source, self.channels, self.size = datasets.ImageFolder(str(folder), tf), 3, size
+            self.source, self.channels, self.size = open_split(data, split, tf, unreadable="replace"), 3, size
         self.classes = list(self.source.classes)
 
     def set_epoch(self, epoch: int) -> None:

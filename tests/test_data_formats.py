@@ -1,0 +1,132 @@
+"""`--data wds:FOLDER` and `--data hfds:FOLDER`: the same images as a class folder give the same training run;
+bad shards, folders and prefixes stop with one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from linvit.cli import main as cli_main
+from linvit.data import build_cluttered_mnist
+from linvit.data.splits import open_split
+from linvit.errors import UsageError
+
+FAST = ["--img-size", "32", "--aa", "none", "--mixup", "0", "--cutmix", "0", "--reprob", "0", "--smoothing", "0"]
+FAST += ["--warmup-epochs", "0", "--drop-path", "0", "--workers", "0", "--no-progress", "--crop-pct", "1.0"]
+MODEL = ["--model", "katz_infvit_tiny_patch16_224", "--model-kwargs", "patch_size=8", "depth=1"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cmnist")
+    build_cluttered_mnist(root, canvas=32, per_class_train=3, per_class_val=1, clutter=1, progress=False)
+    return root
+
+
+def _files(folder: Path, split: str) -> list[tuple[Path, int]]:
+    """The split's (file, label) in ImageFolder's order (classes sorted, files sorted)."""
+    classes = sorted(p.name for p in (folder / split).iterdir())
+    return [(f, i) for i, c in enumerate(classes) for f in sorted((folder / split / c).iterdir())]
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_shards(folder: Path, out: Path, per_shard: int = 7) -> Path:
+    """folder's splits as WebDataset shards train-00000.tar, ... (same order), each sample key.png + key.cls."""
+    out.mkdir()
+    for split in ("train", "val"):
+        files = _files(folder, split)
+        for shard, start in enumerate(range(0, len(files), per_shard)):
+            with tarfile.open(out / f"{split}-{shard:05d}.tar", "w") as tar:
+                for j, (path, label) in enumerate(files[start : start + per_shard]):
+                    key = f"s{start + j:06d}"
+                    _add(tar, f"{key}.png", path.read_bytes())
+                    _add(tar, f"{key}.cls", str(label).encode())
+    return out
+
+
+def write_hf_folder(folder: Path, out: Path) -> Path:
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    classes = sorted(p.name for p in (folder / "train").iterdir())
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
+    splits = {}
+    for split, name in (("train", "train"), ("val", "validation")):
+        rows = [(Image.open(path), label) for path, label in _files(folder, split)]
+        splits[name] = datasets.Dataset.from_dict(
+            {"image": [r[0] for r in rows], "label": [r[1] for r in rows]}, features=features
+        )
+    datasets.DatasetDict(splits).save_to_disk(str(out))
+    return out
+
+
+def _train(data: str, out: Path) -> list[dict]:
+    argv = ["train", "--data", data, *MODEL, "--output", str(out), "--epochs", "2", "--batch-size", "8"]
+    assert cli_main([*argv, "--lr", "1e-3", *FAST, "--log", "none"]) == 0
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same_items(a, b) -> None:
+    assert len(a) == len(b) and a.classes == b.classes
+    for i in (0, len(a) // 2, len(a) - 1):
+        (x, y, _), (u, v, _) = a[i], b[i]
+        assert y == v and x.tobytes() == u.tobytes()
+
+
+def test_webdataset_shards_read_and_train_as_the_class_folder(folder, tmp_path):
+    shards = write_shards(folder, tmp_path / "shards")
+    for split in ("train", "val"):
+        _same_items(open_split(f"wds:{shards}", split), open_split(folder, split))
+    rows = _train(f"wds:{shards}", tmp_path / "wds_run")
+    reference = _train(str(folder), tmp_path / "folder_run")
+    assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in reference]
+    assert [r["val_top1"] for r in rows] == [r["val_top1"] for r in reference]
+    evaluation = ["eval", "--data", f"wds:{shards}", "--checkpoint", str(tmp_path / "wds_run"), "--workers", "0"]
+    assert cli_main([*evaluation, "--no-progress", "--json", str(tmp_path / "e.json")]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["top1"] == pytest.approx(rows[-1]["val_top1"])
+
+
+def test_a_saved_hugging_face_dataset_reads_and_trains_as_the_class_folder(folder, tmp_path):
+    saved = write_hf_folder(folder, tmp_path / "hf")
+    split = open_split(f"hfds:{saved}", "val")  # linvit's val is the DatasetDict's validation
+    _same_items(split, open_split(folder, "val"))
+    rows = _train(f"hfds:{saved}", tmp_path / "hf_run")
+    reference = _train(str(folder), tmp_path / "folder_run")
+    assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in reference]
+
+
+def _one_line(fn, *match: str) -> str:
+    with pytest.raises(UsageError) as err:
+        fn()
+    message = str(err.value)
+    assert "\n" not in message and all(m in message for m in match), message
+    return message
+
+
+def test_bad_data_specs_stop_with_one_line(folder, tmp_path):
+    _one_line(lambda: open_split("tfds:imagenet", "train"), "unknown reader 'tfds'", "wds:", "hfds:")
+    shards = write_shards(folder, tmp_path / "shards")
+    _one_line(lambda: open_split(f"wds:{shards}", "test"), "no shards match", "test-*.tar")
+    with tarfile.open(shards / "train-09999.tar", "w") as tar:
+        _add(tar, "lonely.png", (folder / "train" / "0").iterdir().__next__().read_bytes())
+    _one_line(lambda: open_split(f"wds:{shards}", "train"), "'lonely'", "has no .cls label")
+    _one_line(lambda: open_split(f"hfds:{tmp_path / 'nowhere'}", "train"), "no such folder")
+
+
+def test_a_saved_dataset_without_a_label_column_is_refused(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    table = datasets.Dataset.from_dict({"image": [Image.new("RGB", (4, 4))], "target": [0]})
+    datasets.DatasetDict({"train": table, "validation": table}).save_to_disk(str(tmp_path / "hf"))
+    _one_line(lambda: open_split(f"hfds:{tmp_path / 'hf'}", "train"), "no label column", "target")
+    _one_line(lambda: open_split(f"hfds:{tmp_path / 'hf'}", "test"), "no split 'test'", "train, validation")
