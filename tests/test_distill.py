@@ -147,6 +147,27 @@ def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tm
     assert cli_main(["eval", "--checkpoint", str(tmp_path / "full"), "--data", str(digits), "--workers", "0"]) == 0
 
 
+def test_resume_judges_each_stage_by_its_own_settings_and_follows_a_longer_plan(digits, tmp_path, capsys):
+    """Attention transfer never reads --temperature (it is not refused for it); a longer --transfer-epochs or
+    --epochs continues that stage on the new plan; the end-to-end stage still refuses its own changed settings."""
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=2"]
+    argv += ["num_heads=2", "num_classes=10", "--data", str(digits), "--img-size", "32", "--mixer", "pure_infsa"]
+    argv += ["--workers", "0", "--device", "cpu", "--no-progress", "--batch-size", "8", "--output", str(tmp_path)]
+    assert cli_main([*argv, "--transfer-epochs", "1", "--epochs", "1"]) == 0
+    longer = [*argv, "--transfer-epochs", "2", "--epochs", "2", "--resume", "auto"]
+    assert cli_main([*longer, "--temperature", "1.0"]) == 0, capsys.readouterr().err
+
+    def epochs(run):
+        return [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert epochs(tmp_path / "attention") == [0, 1] and epochs(tmp_path) == [0, 1]
+    capsys.readouterr()
+    assert cli_main([*longer, "--temperature", "2.0"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot resume from {tmp_path / 'last.pth'} with --temperature 1.0 -> 2.0" in err  # end to end: its own
+    assert "attention" not in err.split("cannot resume")[1]  # the attention stage let it through
+
+
 def test_a_run_folder_teacher_with_lora_merges_into_a_plain_student(digits, tmp_path):
     pytest.importorskip("peft")
     train = ["train", "--model", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=2"]

@@ -165,6 +165,13 @@ class Distillation(Task):
         model = Distiller(student, teacher.model, taps, self.stage, config, teacher.language)
         return Parts(model, train_set, val_loader, collate, labels)
 
+    def unused_settings(self, config: DistillConfig) -> frozenset[str]:
+        """What --resume does not hold against this stage: the other stage's settings. Attention transfer's length
+        and rate arrive as its epochs and lr (stage_configs), which follow a new plan as the trainer's do."""
+        if self.stage == "attention":
+            return frozenset(END_TO_END_FIELDS) - {"epochs", "lr"} | set(TRANSFER_FIELDS)
+        return frozenset(TRANSFER_FIELDS)
+
     def batch_loss(self, run: Run, batch) -> tuple[torch.Tensor, int]:
         if self.teacher.language:
             batch = batch.to(run.device, non_blocking=True)
@@ -285,7 +292,8 @@ def stage_configs(config: DistillConfig) -> list[tuple[str, DistillConfig]]:
 
 
 END_TO_END_FIELDS = ("epochs", "lr", "lora_rank", "temperature", "hard_weight", "feature_weight")
-SKIPPED_STAGE_FIELDS = {"attention": END_TO_END_FIELDS, "end-to-end": ("transfer_epochs", "transfer_lr")}
+TRANSFER_FIELDS = ("transfer_epochs", "transfer_lr")
+SKIPPED_STAGE_FIELDS = {"attention": END_TO_END_FIELDS, "end-to-end": TRANSFER_FIELDS}
 STAGE_HINTS = {
     "attention": "runs attention transfer only (its length and rate are --transfer-epochs, --transfer-lr)",
     "end-to-end": "runs the end-to-end stage only (its length and rate are --epochs, --lr)",

@@ -90,6 +90,10 @@ class Task:
         params = sum(p.numel() for p in run.model.parameters())
         return f"{self.name}: {params:,} params, {len(run.parts.train_set)} train images, world {run.world}"
 
+    def unused_settings(self, config: TrainConfig) -> frozenset[str]:
+        """Config fields this task's run never reads: a resume may change them (they touched no state)."""
+        return frozenset()
+
     def learning_rate(self, config: TrainConfig, world: int) -> float:
         return config.lr
 
@@ -133,7 +137,7 @@ def start_run(task: Task, config: TrainConfig, rank: int, world: int, device: to
     lr = task.learning_rate(config, world)
     optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr)
     run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)
-    run.start_epoch, run.history = resume_run(run)
+    run.start_epoch, run.history = resume_run(run, task.unused_settings(config))
     if rank == 0:
         record.write_run_config(output, config)
         print(task.summary(run))

@@ -3,7 +3,8 @@
 A run resumed with other schedule flags (SCHEDULE_FLAGS) follows the new plan's learning rates from its step
 on; a change to any other planned flag (model, data, batch, recipe, seed) is refused with one line, since the
 checkpoint's weights and optimizer were trained under the old values. Flags that only say how a run executes
-(RUNTIME_FLAGS) and the starting weights (which the checkpoint replaces) are free.
+(RUNTIME_FLAGS), the starting weights (which the checkpoint replaces) and the settings a task never reads
+(Task.unused_settings: distillation's attention stage and its temperature) are free.
 """
 
 from __future__ import annotations
@@ -78,9 +79,12 @@ def describe_changes(changes: dict[str, tuple[str, str]]) -> str:
     return ", ".join(f"--{k.replace('_', '-')} {old} -> {new}" for k, (old, new) in changes.items())
 
 
-def check_plan(path: Path, saved: Mapping[str, str], now: Mapping) -> dict[str, tuple[str, str]]:
-    """The schedule flags that changed since the checkpoint; any other changed planned flag is a usage error."""
-    changes = plan_changes(saved, now)
+def check_plan(
+    path: Path, saved: Mapping[str, str], now: Mapping, unused: frozenset[str] = frozenset()
+) -> dict[str, tuple[str, str]]:
+    """The schedule flags that changed since the checkpoint; any other changed planned flag is a usage error,
+    but for the ones the run never reads (unused)."""
+    changes = {k: v for k, v in plan_changes(saved, now).items() if k not in unused}
     fixed = {k: v for k, v in changes.items() if k not in SCHEDULE_FLAGS}
     if fixed:
         raise UsageError(
@@ -105,7 +109,7 @@ def read_checkpoint(path: Path) -> dict:
     return ckpt
 
 
-def resume_run(run) -> tuple[int, list[dict]]:
+def resume_run(run, unused: frozenset[str] = frozenset()) -> tuple[int, list[dict]]:
     """Restore a Run's state from the checkpoint its --resume finds; returns (start epoch, history).
 
     A run whose schedule flags differ from the checkpoint's keeps the scheduler built from its own config, so
@@ -119,7 +123,7 @@ def resume_run(run) -> tuple[int, list[dict]]:
     if path is None:
         return 0, []
     ckpt = read_checkpoint(path)
-    new_schedule = check_plan(path, ckpt.get("args") or {}, run.config.to_dict())
+    new_schedule = check_plan(path, ckpt.get("args") or {}, run.config.to_dict(), unused)
     check_num_classes(run.model, ckpt["model"], path)
     run.model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
