@@ -69,7 +69,8 @@ class TrainConfig(Config):
     """What every training task shares: where the run goes, the optimisation recipe, the runtime.
 
     The recipe (linvit.engine.recipe.training_recipe): AdamW (``opt``) through timm, cosine per iteration to
-    ``min_lr`` (default lr / 100) after ``warmup_epochs`` from ``warmup_lr`` (default lr / 1000)."""
+    ``min_lr`` (default lr / 100) after ``warmup_epochs`` from ``warmup_lr`` (default lr / 1000). ``strategy``
+    ddp or fsdp and ``grad_checkpointing``: linvit.engine.sharding."""
 
     data: str | None = None
     output: str | None = None
@@ -91,3 +92,5 @@ class TrainConfig(Config):
     deterministic: bool = False
     progress: bool = True
     log: str = "none"
+    strategy: str = "ddp"  # ddp: the whole model on every rank; fsdp: sharded (linvit.engine.sharding)
+    grad_checkpointing: bool = False

@@ -20,9 +20,9 @@ from ..config import TrainConfig
 from ..distributed import barrier, distributed_session
 from ..utils import compile_model, output_dir
 from ..utils.runtime import seed_everything
-from . import record
+from . import record, sharded_checkpoint, sharding
 from .recipe import train_loader, training_recipe, wrap_ddp
-from .resume import resume_run, training_state
+from .resume import extra_state, resume_run, training_state
 from .steps import train_pass
 
 
@@ -134,6 +134,9 @@ def start_run(task: Task, config: TrainConfig, rank: int, world: int, device: to
     pin = parts.pin_memory and device.type == "cuda"
     sampler, loader = train_loader(parts.train_set, config, rank, world, parts.collate_fn, pin)
     ema = task.build_ema(model, config)
+    model = sharding.prepare(model, config, world, device)  # before the optimizer: fsdp replaces the parameters
+    if ema is not None and sharding.is_sharded(model):
+        sharding.shard(ema.module, world, device, config.amp)
     lr = task.learning_rate(config, world)
     optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr)
     run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)
@@ -141,7 +144,8 @@ def start_run(task: Task, config: TrainConfig, rank: int, world: int, device: to
     if rank == 0:
         record.write_run_config(output, config)
         print(task.summary(run))
-    run.train_net = compile_model(wrap_ddp(model, world, device), config.compile)
+    net = model if sharding.is_sharded(model) else wrap_ddp(model, world, device)
+    run.train_net = compile_model(net, config.compile)
     run.eval_net = compile_model(model, config.compile)
     return run
 
@@ -158,11 +162,15 @@ def run_epochs(task: Task, run: Run) -> list[dict]:
         task.start_epoch(run, epoch)
         numbers = {"epoch": epoch, **train_pass(run, epoch, lambda batch: task.batch_loss(run, batch), after_step)}
         task.end_epoch(run, epoch, numbers)
-        numbers.update(task.evaluate(run, epoch))
+        with sharding.gathered(run.model, run.ema.module if run.ema is not None else None):
+            numbers.update(task.evaluate(run, epoch))
         run.history.append(numbers)
         rngs = gather_rng(run.world)
+        sharded = run.config.strategy == "fsdp"
+        if sharded:  # every rank writes its shards
+            sharded_checkpoint.save(run, extra_state(run, epoch, rngs, run.history))
         if run.rank == 0:
-            record.save_epoch(run.output, run.state(epoch, rngs), numbers)
+            record.save_epoch(run.output, None if sharded else run.state(epoch, rngs), numbers)
             print(record.format_record(numbers))
             if board is not None:
                 board.add(numbers)
@@ -178,9 +186,10 @@ def finish(task: Task, run: Run, run_info: dict) -> None:
     numbers (final_val_rank<r>.json), so a run can show that all ranks agree."""
     if not run.history:
         return
+    model = task.final_model(run)
+    state = sharding.full_state_dict(model)  # collective when sharded: gathered to rank 0's CPU
     if run.rank == 0:
-        model = task.final_model(run)
-        record.save_final_model(run.output, model, run_info, run.config, run.history, run.parts.label_names)
+        record.save_final_model(run.output, model, run_info, run.config, run.history, run.parts.label_names, state)
     if run.world > 1:
         (run.output / f"final_val_rank{run.rank}.json").write_text(json.dumps(run.history[-1]))
 

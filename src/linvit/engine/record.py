@@ -22,9 +22,10 @@ def write_run_config(output: Path, config: Config) -> None:
     atomic_write_text(config.to_yaml(), output / ARGS)
 
 
-def save_epoch(output: Path, state: dict, record: dict) -> None:
-    """Checkpoint first, then the log line it vouches for."""
-    atomic_save(state, output / CHECKPOINT)
+def save_epoch(output: Path, state: dict | None, record: dict) -> None:
+    """Checkpoint first (None: every rank has just written fsdp's sharded one), then the log line it vouches for."""
+    if state is not None:
+        atomic_save(state, output / CHECKPOINT)
     with open(output / METRICS, "a") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -33,12 +34,14 @@ def format_record(record: dict) -> str:
     return " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
 
 
-def save_final_model(output: Path, model: nn.Module, run_info: dict, config: Config, history: list, labels) -> None:
-    """OUT becomes a model folder: the final weights, timm's config.json with run_info, the config and the last
-    epoch's metrics under "linvit", and a README.md model card."""
+def save_final_model(
+    output: Path, model: nn.Module, run_info: dict, config: Config, history: list, labels, state: dict | None = None
+) -> None:
+    """OUT becomes a model folder: the final weights (state: a sharded model's, gathered), timm's config.json
+    with run_info, the config and the last epoch's metrics under "linvit", and a README.md model card."""
     info = {**run_info, "parameters": sum(p.numel() for p in model.parameters()), "final": history[-1]}
     info["args"] = config.to_dict()
-    save_model_folder(output, model, info, labels)
+    save_model_folder(output, model, info, labels, state)
     card = json.loads((output / CONFIG).read_text())
     write_model_card(output, card, history, f"linvit {run_info.get('command', 'train')}")
 

@@ -20,29 +20,40 @@ import torch
 from ..errors import UsageError
 from ..utils.checkpoint import atomic_write_text
 from ..utils.runtime import set_rng_states
+from . import sharded_checkpoint as sharded
 
 CHECKPOINT = "last.pth"
 METRICS = "metrics.jsonl"
 
 RUNTIME_FLAGS = frozenset(
     {"output", "resume", "progress", "workers", "device", "threads", "debug", "log", "compile", "amp", "deterministic"}
+    | {"strategy"}
     | {"grad_checkpointing", "pretrained", "pretrained_file", "backbone_checkpoint"}
 )
 SCHEDULE_FLAGS = frozenset({"epochs", "lr", "base_lr", "min_lr", "warmup_lr", "warmup_epochs"})
 REQUIRED = frozenset({"model", "optimizer", "scheduler", "epoch", "rng"})
 
 
-def find_resume(output: Path, resume: str | None) -> Path | None:
-    """--resume auto: OUT/last.pth if it exists; --resume FILE: that file (a missing one is a usage error)."""
+def find_resume(output: Path, resume: str | None, sharded_first: bool = False) -> Path | None:
+    """--resume auto: OUT/last.pth or OUT/last/ (fsdp's sharded folder; the strategy's own first) if one
+    exists; --resume PATH: that file or sharded folder (a missing one is a usage error)."""
     if not resume:
         return None
     if resume == "auto":
-        path = output / CHECKPOINT
-        return path if path.is_file() else None
+        order = (
+            (output / sharded.FOLDER, output / CHECKPOINT)
+            if sharded_first
+            else (output / CHECKPOINT, output / sharded.FOLDER)
+        )
+        return next((p for p in order if _is_checkpoint(p)), None)
     path = Path(resume)
-    if not path.is_file():
-        raise UsageError(f"--resume {resume}: checkpoint not found")
+    if not _is_checkpoint(path):
+        raise UsageError(f"--resume {resume}: checkpoint not found (a last.pth file or an fsdp run's last/ folder)")
     return path
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return path.is_file() or sharded.is_sharded_checkpoint(path)
 
 
 def stored_value(text: str):
@@ -95,7 +106,14 @@ def check_plan(
 
 
 def read_checkpoint(path: Path) -> dict:
-    """A training checkpoint's contents; a damaged or foreign file is a usage error that says what to do."""
+    """A training checkpoint's contents (a sharded folder's replicated part: no model or optimizer); a damaged
+    or foreign file is a usage error that says what to do."""
+    if path.is_dir():
+        ckpt = sharded.read_extra(path)
+        missing = REQUIRED - {"model", "optimizer"} - set(ckpt)
+        if missing:
+            raise UsageError(f"cannot resume from {path}: not a linvit training checkpoint (no {sorted(missing)})")
+        return ckpt
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         missing = REQUIRED - set(ckpt)
@@ -117,20 +135,16 @@ def resume_run(run, unused: frozenset[str] = frozenset()) -> tuple[int, list[dic
     load_state_dict would bring back the old plan's length, warm-up and minimum. metrics.jsonl is rewritten
     from the checkpoint's history, so the log never holds an epoch the checkpoint does not.
     """
-    from ..weights import check_num_classes
-
-    path = find_resume(run.output, run.config.resume)
+    path = find_resume(run.output, run.config.resume, run.config.strategy == "fsdp")
     if path is None:
         return 0, []
     ckpt = read_checkpoint(path)
-    new_schedule = check_plan(path, ckpt.get("args") or {}, run.config.to_dict(), unused)
-    check_num_classes(run.model, ckpt["model"], path)
-    run.model.load_state_dict(ckpt["model"])
-    run.optimizer.load_state_dict(ckpt["optimizer"])
+    saved = ckpt.get("args") or {}
+    kept_global, world_line = world_change(saved, ckpt.get("world"), run.config.batch_size, run.world)
+    new_schedule = check_plan(path, saved, run.config.to_dict(), unused | kept_global)
+    load_weights(run, path, ckpt)
     if not new_schedule:
         run.scheduler.load_state_dict(ckpt["scheduler"])
-    if run.ema is not None and ckpt.get("ema") is not None:
-        run.ema.load_state_dict(ckpt["ema"])
     if run.scaler is not None and ckpt.get("scaler") is not None:
         run.scaler.load_state_dict(ckpt["scaler"])
     rngs = ckpt["rng"]
@@ -139,9 +153,55 @@ def resume_run(run, unused: frozenset[str] = frozenset()) -> tuple[int, list[dic
     if run.rank == 0:
         atomic_write_text("".join(json.dumps(h) + "\n" for h in history), run.output / METRICS)
         print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
+        if world_line:
+            print(world_line)
         if new_schedule:
             print(f"new schedule ({describe_changes(new_schedule)}): the learning rate follows it from this epoch on")
     return ckpt["epoch"] + 1, history
+
+
+def load_weights(run, path: Path, ckpt: dict) -> None:
+    """Model, optimizer and EMA from last.pth, or from a sharded folder at any world size; a sharded run takes
+    only the latter."""
+    from ..weights import check_num_classes
+    from .sharding import is_sharded
+
+    if path.is_dir():
+        sharded.load(run, path)
+        return
+    if is_sharded(run.model):
+        raise UsageError(f"cannot resume from {path} with --strategy fsdp: it is a ddp checkpoint; resume it with ddp")
+    check_num_classes(run.model, ckpt["model"], path)
+    run.model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    if run.ema is not None and ckpt.get("ema") is not None:
+        run.ema.load_state_dict(ckpt["ema"])
+
+
+def world_change(saved: Mapping[str, str], saved_world, batch_size: int, world: int) -> tuple[frozenset, str | None]:
+    """(the flags a new world size may change, the one line that says it): a resume at another world size keeps
+    the global batch if --batch-size changes with it (then --batch-size may change), else says what changes."""
+    if saved_world is None or saved_world == world:
+        return frozenset(), None
+    old_batch = stored_value(saved.get("batch_size", str(batch_size)))
+    old, new = old_batch * saved_world, batch_size * world
+    head = f"world size {saved_world} -> {world}: global batch {old}"
+    if old == new:
+        return frozenset({"batch_size"}), f"{head} kept ({old_batch} -> {batch_size} per process)"
+    return frozenset(), f"{head} -> {new} (steps per epoch and any batch-scaled learning rate follow it)"
+
+
+def extra_state(run, epoch: int, rngs: list, history: list) -> dict:
+    """The part of the training state that is the same on every rank (all of it but the tensors)."""
+    return {
+        "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict() if run.scaler is not None else None,
+        "epoch": epoch,
+        "rng": rngs,
+        "history": history,
+        "args": {k: str(v) for k, v in run.config.to_dict().items()},
+        "world": run.world,
+    }
 
 
 def training_state(run, epoch: int, rngs: list, history: list) -> dict:
@@ -149,11 +209,6 @@ def training_state(run, epoch: int, rngs: list, history: list) -> dict:
     return {
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict(),
         "ema": run.ema.state_dict() if run.ema is not None else None,
-        "scaler": run.scaler.state_dict() if run.scaler is not None else None,
-        "epoch": epoch,
-        "rng": rngs,
-        "history": history,
-        "args": {k: str(v) for k, v in run.config.to_dict().items()},
+        **extra_state(run, epoch, rngs, history),
     }

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from ..distributed import all_reduce_sum, all_reduce_tensor
 from .health import DeadHeadStats, GradNormStats
+from .sharding import local_norm
 
 # steps between the collective finiteness checks (and progress-bar updates): the only host syncs of an epoch
 CHECK_EVERY = 50
@@ -28,7 +29,7 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, scaler, clip
     else:
         loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=loss.device)
+    norm = local_norm(torch.nn.utils.get_total_norm(grads)) if grads else torch.zeros((), device=loss.device)
     if clip_grad:
         torch.nn.utils.clip_grads_with_norm_(model.parameters(), clip_grad, norm)
     if scaler is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch.nn as nn
 from safetensors.torch import save_file
 from timm.models import save_for_hf
+from timm.models._hub import save_config_for_hf
 
 from .checkpoint import atomic_write_text
 
@@ -27,8 +28,11 @@ WEIGHTS = "model.safetensors"
 CARD = "README.md"
 
 
-def save_model_folder(output: Path, model: nn.Module, info: dict, label_names: list[str] | None = None) -> None:
-    """model.safetensors + config.json (timm's layout when timm built the model, info under "linvit")."""
+def save_model_folder(
+    output: Path, model: nn.Module, info: dict, label_names: list[str] | None = None, state: dict | None = None
+) -> None:
+    """model.safetensors + config.json (timm's layout when timm built the model, info under "linvit"); state: the
+    weights to write instead of model.state_dict() (a sharded model's, gathered by the caller)."""
     output = Path(output)
     cfg = getattr(model, "pretrained_cfg", None)
     if isinstance(cfg, dict) and cfg.get("architecture") and hasattr(model, "num_classes"):
@@ -37,9 +41,13 @@ def save_model_folder(output: Path, model: nn.Module, info: dict, label_names: l
         model_config = {"linvit": info}
         if label_names:
             model_config["label_names"] = list(label_names)
-        save_for_hf(model, output, model_config=model_config, safe_serialization=True)
+        if state is None:
+            save_for_hf(model, output, model_config=model_config, safe_serialization=True)
+        else:  # timm's two steps, with the gathered weights
+            save_file(_unshared(state), str(output / WEIGHTS))
+            save_config_for_hf(model, output / CONFIG, model_config=model_config)
         return
-    save_file(_unshared(model.state_dict()), str(output / WEIGHTS))
+    save_file(_unshared(model.state_dict() if state is None else state), str(output / WEIGHTS))
     config = {"linvit": info, **({"label_names": list(label_names)} if label_names else {})}
     atomic_write_text(json.dumps(config, indent=2, default=str), output / CONFIG)
 

@@ -1,0 +1,123 @@
+"""--strategy ddp|fsdp and --grad-checkpointing: how the one trainer spreads a model over the ranks.
+
+ddp (the default) keeps the whole model, its gradients and its optimizer state on every rank; fsdp shards
+parameters, gradients and optimizer state over the ranks with PyTorch's FSDP2 (``fully_shard`` on each block,
+then on the root, over a 1-D device mesh), the way torchtitan does. No engine of our own: only where the
+blocks are and when to gather them is linvit's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from ..errors import UsageError
+
+STRATEGIES = ("ddp", "fsdp")
+BLOCK_LISTS = ("blocks", "layers", "h")  # timm's ViTs and stages, HF decoders (model.layers, GPT-2's h)
+
+
+def check_strategy(config) -> None:
+    """One line for what fsdp does not take."""
+    if config.strategy not in STRATEGIES:
+        raise UsageError(f"--strategy {config.strategy}: choose one of {', '.join(STRATEGIES)}")
+    if config.strategy == "fsdp" and config.amp == "fp16":
+        raise UsageError("--strategy fsdp takes --amp bf16 or none (fp16 needs a sharded gradient scaler)")
+
+
+def set_grad_checkpointing(model: nn.Module) -> None:
+    """timm's set_grad_checkpointing on the outermost modules that have it (a distiller's student, a
+    detector's backbone); a model without it is told in one line."""
+    found = [m for m in model.modules() if callable(getattr(m, "set_grad_checkpointing", None))]
+    outer = [m for m in found if not any(m is not o and any(s is m for s in o.modules()) for o in found)]
+    if not outer:
+        raise UsageError(f"--grad-checkpointing: {type(model).__name__} has no set_grad_checkpointing")
+    for module in outer:
+        module.set_grad_checkpointing(True)
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The modules fsdp shards one by one: the items of every ModuleList or Sequential named in BLOCK_LISTS
+    (nested ones included: a hierarchical model's stages and their blocks), outermost first."""
+    found = []
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in BLOCK_LISTS and isinstance(module, (nn.ModuleList, nn.Sequential)):
+            found.extend(module)
+    return found
+
+
+def mixed_precision(amp: str):
+    """FSDP2's MixedPrecisionPolicy for --amp: bf16 parameters in forward and backward, float32 reductions."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if amp == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard(model: nn.Module, world: int, device: torch.device, amp: str = "none") -> nn.Module:
+    """fully_shard on each block, then the root, over all ranks (a 1-D mesh); frozen parameters (a teacher)
+    shard the same way and get no gradients. Returns the model (FSDP2 shards in place)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    policy = mixed_precision(amp)
+    for block in reversed(blocks(model)):  # innermost first: a stage is sharded after its blocks
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def prepare(model: nn.Module, config, world: int, device: torch.device) -> nn.Module:
+    """The model as the optimizer must see it: checkpointed blocks if asked, sharded under fsdp on >1 ranks
+    (one process has nothing to shard: it trains the plain model and writes the same sharded checkpoints)."""
+    check_strategy(config)
+    if config.grad_checkpointing:
+        set_grad_checkpointing(model)
+    if config.strategy == "fsdp" and world > 1:
+        return shard(model, world, device, config.amp)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+@contextmanager
+def gathered(*models: nn.Module | None) -> Iterator[None]:
+    """Every sharded module's full parameters on each rank for the block, kept across forwards, so that
+    evaluation runs collective-free (ranks may see different numbers of batches); resharded after."""
+    from torch.distributed.fsdp import FSDPModule
+
+    roots = [model for model in models if model is not None and isinstance(model, FSDPModule)]
+    sharded = [m for root in roots for m in root.modules() if isinstance(m, FSDPModule)]
+    for module in sharded:
+        module.unshard()
+        module.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for module in sharded:  # fully_shard's defaults back: only the roots keep their parameters after forward
+            module.reshard()
+            module.set_reshard_after_forward(not any(module is root for root in roots), recurse=False)
+
+
+def full_state_dict(model: nn.Module) -> dict:
+    """The model's plain state dict: gathered to rank 0's CPU one tensor at a time when sharded (a collective:
+    every rank calls it; the other ranks get {}), else the model's own."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def local_norm(norm: torch.Tensor) -> torch.Tensor:
+    """A gradient norm as a plain tensor: the full value of a sharded (DTensor) norm."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

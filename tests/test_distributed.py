@@ -1,0 +1,159 @@
+"""--strategy fsdp on the one trainer (FSDP2 over gloo, 2 CPU processes) against ddp, its sharded last/ folder
+resumed at another world size, and the plain model folder it ends as.
+
+One torchrun launch runs every two-process command (tests/fixtures/torchrun_commands.py); the one-process runs
+are in this process. Every run is deterministic (no augmentation, no drop path) with a flat learning rate, so
+a run cut after epoch 0 and resumed at another world size with the same global batch must continue as the
+uninterrupted run did, and ddp and fsdp must agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+import linvit
+from linvit.cli import main as cli_main
+from linvit.data import build_cluttered_mnist
+from linvit.engine import sharded_checkpoint, sharding
+from linvit.errors import UsageError
+from linvit.train import ClassifyConfig
+
+RUNNER = Path(__file__).parent / "fixtures" / "torchrun_commands.py"
+BATCH = 5  # per process at world 2; 10 at world 1
+EPOCHS = 3
+STILL = ["--aa", "none", "--mixup", "0", "--cutmix", "0", "--reprob", "0", "--smoothing", "0", "--drop-path", "0"]
+STILL += ["--hflip", "0", "--scale", "1", "1", "--ratio", "1", "1", "--color-jitter", "0", "--crop-pct", "1.0"]
+MODEL = ["--model", "infvit_tiny_patch16_224", "--model-kwargs", "patch_size=8", "depth=2", "embed_dim=32"]
+MODEL += ["num_heads=2"]
+
+
+def train(data, out, *, strategy="fsdp", epochs=EPOCHS, batch=BATCH, extra=()) -> list[str]:
+    """A flat learning rate (min = max, no warm-up): a resume that changes --epochs keeps every step's lr."""
+    args = ["train", "--data", str(data), *MODEL, "--output", str(out), "--epochs", str(epochs)]
+    args += ["--batch-size", str(batch), "--lr", "1e-3", "--min-lr", "1e-3", "--warmup-epochs", "0", "--img-size"]
+    return [*args, "32", *STILL, "--workers", "0", "--no-progress", "--device", "cpu", "--strategy", strategy, *extra]
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(out: Path) -> dict:
+    return load_file(str(out / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """ddp and fsdp at world 2 for EPOCHS; fsdp cut after epoch 0 at world 2 and resumed at world 1; fsdp cut
+    after epoch 0 at world 1 and resumed at world 2."""
+    root = tmp_path_factory.mktemp("fsdp")
+    data = root / "data"
+    build_cluttered_mnist(data, canvas=32, per_class_train=4, per_class_val=2, clutter=1, progress=False)
+    out = {name: root / name for name in ("ddp", "fsdp", "two_to_one", "one_to_two")}
+    assert cli_main(train(data, out["one_to_two"], epochs=1, batch=2 * BATCH)) == 0
+    commands = [
+        train(data, out["ddp"], strategy="ddp"),
+        train(data, out["fsdp"]),
+        train(data, out["two_to_one"], epochs=1),
+        train(data, out["one_to_two"], extra=["--resume", "auto"]),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(RUNNER)]
+    result = subprocess.run([*launch, json.dumps(commands)], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert cli_main(train(data, out["two_to_one"], batch=2 * BATCH, extra=["--resume", "auto"])) == 0
+    return data, out, result.stdout
+
+
+def assert_same_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=atol, msg=key)
+
+
+def test_fsdp_follows_ddp_step_for_step(runs):
+    _, out, _ = runs
+    ddp, fsdp = metrics(out["ddp"]), metrics(out["fsdp"])
+    assert len(ddp) == len(fsdp) == EPOCHS
+    for a, b in zip(ddp, fsdp, strict=True):
+        for key in ("train_loss", "grad_norm", "grad_norm_max", "val_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5), (a["epoch"], key)
+    assert ddp[-1]["train_loss"] < ddp[0]["train_loss"]  # it trained: the agreement is not two stuck runs
+    assert_same_weights(out["ddp"], out["fsdp"])
+    assert (out["fsdp"] / "last" / ".metadata").is_file() and not (out["fsdp"] / "last.pth").exists()
+    assert (out["ddp"] / "last.pth").is_file()
+
+
+def test_the_blocks_are_sharded_one_by_one():
+    model = torch.nn.Module()
+    model.blocks = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    model.stages = torch.nn.ModuleList([torch.nn.Module()])
+    model.stages[0].blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    assert sharding.blocks(model) == [*model.blocks, model.stages[0].blocks[0]]
+
+
+@pytest.mark.parametrize("name", ["two_to_one", "one_to_two"])
+def test_a_resume_at_another_world_size_continues_the_run(runs, name):
+    _, out, stdout = runs
+    ddp, resumed = metrics(out["ddp"]), metrics(out[name])
+    assert [r["epoch"] for r in resumed] == list(range(EPOCHS))
+    for a, b in zip(ddp, resumed, strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4), (name, a["epoch"])
+    assert_same_weights(out["ddp"], out[name], atol=1e-4)
+    if name == "one_to_two":
+        assert "world size 1 -> 2: global batch 10 kept (10 -> 5 per process)" in stdout
+
+
+def test_the_run_folder_loads_as_one_plain_model(runs):
+    data, out, _ = runs
+    model = linvit.load_run(out["fsdp"])
+    reference = linvit.load_run(out["ddp"])
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-5)
+    report = out["fsdp"] / "eval.json"
+    args = ["eval", "--checkpoint", str(out["fsdp"]), "--data", str(data), "--workers", "0", "--device", "cpu"]
+    assert cli_main([*args, "--no-progress", "--json", str(report)]) == 0
+    sharded_val = metrics(out["fsdp"])[-1]["val_loss"]  # what the sharded model scored, gathered
+    assert json.loads(report.read_text())["loss"] == pytest.approx(sharded_val, rel=1e-5)
+
+
+def test_a_sharded_checkpoint_of_another_model_is_one_line(runs, tmp_path, capsys):
+    data, out, _ = runs
+    other = [a if a != "depth=2" else "depth=1" for a in train(data, tmp_path / "other")]
+    assert cli_main([*other, "--resume", str(out["fsdp"] / "last")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot resume" in err and "--model-kwargs" in err
+    kwargs = dict(patch_size=8, depth=2, embed_dim=48, num_heads=2, img_size=32, num_classes=10)
+    model = timm.create_model("infvit_tiny_patch16_224", **kwargs)  # other tensors: DCP's own error, in one line
+    run = type("Run", (), {"model": model, "optimizer": torch.optim.AdamW(model.parameters()), "ema": None})
+    with pytest.raises(UsageError, match="do not fit this model") as err:
+        sharded_checkpoint.load(run, out["fsdp"] / "last")
+    assert "\n" not in str(err.value)
+
+
+def test_a_damaged_sharded_checkpoint_is_one_line(runs, tmp_path, capsys):
+    data, out, _ = runs
+    broken = tmp_path / "run"
+    broken.mkdir()
+    (broken / "last").mkdir()
+    (broken / "last" / ".metadata").write_bytes(b"not a checkpoint")
+    assert cli_main([*train(data, broken), "--resume", "auto"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a whole linvit sharded checkpoint" in err
+
+
+def test_fsdp_refuses_fp16_in_one_line(tmp_path):
+    config = ClassifyConfig(strategy="fsdp", amp="fp16")
+    with pytest.raises(UsageError, match="bf16 or none"):
+        sharding.check_strategy(config)
