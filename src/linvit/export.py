@@ -7,7 +7,9 @@ sums its series by repeated squaring (ONNX has no linear solve; ops.katz.neumann
 WeightFormer's per-sample depthwise convolution runs as shifted multiply-adds (a dynamic batch cannot set conv
 groups). TorchScript files are scripted (torch.jit.script), so they keep the control flow: any batch, any
 input size, pure InfSA's "auto" choice made per input; token chunking stays eager-only.
-ONNX files are checked against PyTorch with onnxruntime before the command succeeds.
+ONNX files are checked against PyTorch with onnxruntime before the command succeeds, and carry what `linvit
+eval` needs to run them (class count, the run's preprocessing: linvit.onnx_runtime). --quantize int8 also
+writes OUT.int8.onnx, onnxruntime's dynamic quantization of the checked float32 graph.
 
 --dynamic-size makes H and W symbolic (multiples of the patch, from two patches up) for the InfSA / softmax
 InfViT families in ONNX and pt2, and for WeightFormer in pt2 only (multiples of two patches: its predictors
@@ -33,11 +35,13 @@ import numpy as np
 import timm
 import torch
 import torch.nn as nn
+from timm.data import resolve_data_config
 
 from .config import Config
 from .errors import UsageError
 from .layers import PureInfSAAttention
 from .models import WeightFormer, create_variant, patch_size
+from .onnx_runtime import classifier_metadata, quantize_int8, require_onnxruntime, write_metadata
 from .ops.infsa import DENSE_MAX_SCORES
 from .weights import read_run_config
 
@@ -215,6 +219,7 @@ class ExportConfig(Config):
     img_size: list[int] | None = None  # one side or H W; None: a run folder's own size, else the model's
     dynamic_batch: bool = False
     dynamic_size: bool = False
+    quantize: str | None = None  # "int8": also an onnxruntime dynamically quantized copy, OUT.int8.onnx
     output: str | None = None
 
 
@@ -228,6 +233,7 @@ def run_export(config: ExportConfig) -> dict:
     if out.is_dir():
         raise UsageError(f"--output {out} is a folder; give the file to write, e.g. {out / 'model.onnx'}")
     fmt = resolve_format(config.format, out)
+    check_quantize(config.quantize, fmt)
     model, name, is_run = load_export_model(config.model, config.model_kwargs, img_size)
     model.eval()
     run_size = own_size(model) if is_run else None
@@ -261,11 +267,44 @@ def run_export(config: ExportConfig) -> dict:
     if diff > ONNX_TOLERANCE:
         partial.unlink(missing_ok=True)
         raise UsageError(f"exported model differs from PyTorch by {diff:.2e} (> {ONNX_TOLERANCE:g}); nothing written")
+    if fmt == "onnx":
+        write_metadata(partial, classifier_metadata(name, reference, _data_config(reference, img_size), step))
     partial.replace(out)
     summary.update(dynamic_batch=config.dynamic_batch, max_abs_diff=diff, batches_checked=batches, choices=chosen)
     summary.update(accepted_sizes=accepted_sizes(img_size, step, scripted), sizes_checked=[list(s) for s in sizes])
     _print_summary(summary, fmt, step, out)
+    if config.quantize:
+        summary["int8"] = write_int8(out, reference, example)
     return summary
+
+
+def check_quantize(quantize: str | None, fmt: str) -> None:
+    """A one-line error before anything is exported: --quantize is onnxruntime's, for ONNX files."""
+    if quantize is None:
+        return
+    if quantize != "int8":
+        raise UsageError(f"--quantize {quantize}: only int8 (onnxruntime dynamic quantization)")
+    if fmt != "onnx":
+        raise UsageError(f"--quantize int8 quantizes ONNX graphs (onnxruntime); --format is {fmt}")
+    require_onnxruntime("--quantize int8")
+
+
+def _data_config(model: nn.Module, img_size: tuple[int, int]) -> dict:
+    """The preprocessing eval gives the model (a run's: its pretrained_cfg), at the export size."""
+    return resolve_data_config({"input_size": (3, *img_size)}, model=model)
+
+
+def write_int8(out: Path, reference: nn.Module, example: torch.Tensor) -> dict:
+    """OUT.int8.onnx beside out: out's graph with int8 weights; its max abs logit difference to the model on
+    the example is reported, not checked (quantization moves logits; top-1 is what `linvit eval` measures)."""
+    int8 = out.with_name(f"{out.stem}.int8.onnx")
+    quantize_int8(out, int8)
+    session = onnx_session(int8)
+    got = session.run(None, {session.get_inputs()[0].name: example.numpy()})[0]
+    with torch.no_grad():
+        diff = float(np.abs(got - reference(example).numpy()).max())
+    print(f"int8 -> {int8} ({int8.stat().st_size / 2**20:.1f} MiB); max abs logit diff {diff:.2e} on one input")
+    return {"file": str(int8), "max_abs_logit_diff": diff}
 
 
 def _print_summary(summary: dict, fmt: str, step: int | None, out: Path) -> None:

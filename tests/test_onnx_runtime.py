@@ -1,0 +1,120 @@
+"""ONNX Runtime as a runtime (issue 48): exported graphs equal PyTorch in onnxruntime for every family, the
+int8 export runs and `linvit eval` scores it, and an .onnx file evaluates with its run's own preprocessing."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+import timm  # noqa: E402
+import torch  # noqa: E402
+
+import linvit  # noqa: E402,F401  (registers the models)
+from linvit.cli import main as cli_main  # noqa: E402
+from linvit.errors import UsageError  # noqa: E402
+from linvit.export import export_model, fix_size_dependent_choices  # noqa: E402
+from linvit.onnx_runtime import OnnxClassifier, classifier_metadata, write_metadata  # noqa: E402
+
+FAMILIES = {
+    "vit_4l_patch16_224": dict(depth=2, embed_dim=64, num_heads=4),  # timm's fused softmax attention
+    "linear_infvit_tiny_patch16_224": dict(depth=2),
+    "katz_infvit_tiny_patch16_224": dict(depth=2),
+    "weightformer_tiny_patch16_224": dict(depth=4, dynamic_interval=2),
+}
+DATA_CONFIG = {"input_size": (3, 64, 64), "interpolation": "bicubic", "mean": (0.5,) * 3, "std": (0.5,) * 3}
+
+
+def _export(name: str, path, dynamic_batch: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=5, img_size=64, **FAMILIES[name]).eval()
+    fix_size_dependent_choices(model, (64, 64))
+    with torch.no_grad():
+        export_model(model, "onnx", path, torch.randn(2 if dynamic_batch else 1, 3, 64, 64), dynamic_batch)
+    write_metadata(path, classifier_metadata(name, model, DATA_CONFIG, None))
+    return model
+
+
+@pytest.mark.parametrize("dynamic_batch", [True, False], ids=["dynamic-batch", "batch-1"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_onnxruntime_equals_pytorch_in_float32(name, dynamic_batch, tmp_path):
+    """The runner's logits equal PyTorch's within 1e-4 (a batch-1 graph runs the batch of 3 in slices)."""
+    model = _export(name, tmp_path / "m.onnx", dynamic_batch)
+    runner = OnnxClassifier(tmp_path / "m.onnx")
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        expected = model(x)
+    torch.testing.assert_close(runner(x), expected, rtol=0, atol=1e-4)
+    assert runner.meta["num_classes"] == 5 and runner.data_config()["input_size"] == (3, 64, 64)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A one-epoch classifier run on a small digit folder: a run folder as `linvit train` writes it."""
+    from linvit.data import build_cluttered_mnist
+
+    root = tmp_path_factory.mktemp("onnx_run")
+    data = root / "data"
+    build_cluttered_mnist(data, canvas=32, per_class_train=2, per_class_val=3, clutter=1, progress=False)
+    argv = ["train", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224", "--output", str(root / "run")]
+    argv += ["--img-size", "32", "--crop-pct", "1.0", "--workers", "0", "--epochs", "1", "--batch-size", "4"]
+    assert cli_main([*argv, "--no-progress", "--model-kwargs", "patch_size=8", "depth=1"]) == 0
+    return data, root / "run"
+
+
+def _eval(data, checkpoint, out, *extra: str) -> dict:
+    argv = ["eval", "--data", str(data), "--checkpoint", str(checkpoint), "--workers", "0", "--no-progress"]
+    assert cli_main([*argv, "--json", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_int8_export_runs_and_eval_scores_both_files_as_pytorch_does(run, tmp_path):
+    """`export --quantize int8` writes both graphs; eval of the float32 file equals eval of the run (same
+    preprocessing, from the file's metadata); the int8 file reports a top-1 on the same images."""
+    data, folder = run
+    onnx_file = tmp_path / "m.onnx"
+    assert cli_main(["export", "--model", str(folder), "--output", str(onnx_file), "--quantize", "int8"]) == 0
+    int8 = tmp_path / "m.int8.onnx"
+    assert int8.stat().st_size < onnx_file.stat().st_size
+    eager = _eval(data, folder, tmp_path / "eager.json")
+    fp32 = _eval(data, onnx_file, tmp_path / "fp32.json")
+    q = _eval(data, int8, tmp_path / "int8.json")
+    assert fp32["top1"] == eager["top1"] and fp32["loss"] == pytest.approx(eager["loss"], abs=1e-4)
+    assert fp32["images"] == q["images"] == eager["images"] == 30
+    assert 0 <= q["top1"] <= 100 and q["runtime"] == "onnxruntime" and q["input_size"] == [3, 32, 32]
+
+
+def test_eval_refuses_an_onnx_file_linvit_did_not_export(run, tmp_path, capsys):
+    """A graph without linvit's metadata (here a bare linear layer) is named, not run with guessed settings."""
+    data, _ = run
+    path = tmp_path / "plain.onnx"
+    torch.onnx.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),), str(path), dynamo=True).save(str(path))
+    argv = ["eval", "--data", str(data), "--checkpoint", str(path), "--workers", "0"]
+    assert cli_main(argv) != 0
+    assert "no linvit metadata" in capsys.readouterr().err
+
+
+def test_eval_of_an_onnx_file_refuses_pytorch_only_flags(run, tmp_path, capsys):
+    data, folder = run
+    onnx_file = tmp_path / "m.onnx"
+    assert cli_main(["export", "--model", str(folder), "--output", str(onnx_file)]) == 0
+    argv = ["eval", "--data", str(data), "--checkpoint", str(onnx_file), "--workers", "0", "--amp", "bf16"]
+    assert cli_main(argv) != 0
+    assert "--amp: not for an .onnx file" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="takes 32 x 32 only"):
+        OnnxClassifier(onnx_file).data_config(img_size=64)
+
+
+def test_quantize_needs_onnx_format_and_onnxruntime(tmp_path, capsys, monkeypatch):
+    export = ["export", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1", "--img-size", "32"]
+    assert cli_main([*export, "--output", str(tmp_path / "m.pt2"), "--quantize", "int8"]) != 0
+    assert "--quantize int8 quantizes ONNX graphs" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
+    assert cli_main([*export, "--output", str(tmp_path / "m.onnx"), "--quantize", "int8"]) != 0
+    assert "--quantize int8 needs onnxruntime: pip install" in capsys.readouterr().err
+    assert not (tmp_path / "m.onnx").exists()
