@@ -287,9 +287,18 @@ def _add_fit_args(p: argparse.ArgumentParser, *, epochs: int, lr, warmup_epochs:
     group.add_argument("--min-lr", type=float, default=defaults.get("min_lr"), help="cosine end (default lr / 100)")
     group.add_argument("--clip-grad", type=float, default=defaults.get("clip_grad"), help="max gradient norm")
     group.add_argument("--seed", type=int, default=0)
-    group.add_argument("--resume", default=None, help="'auto' (OUT/last.pth if present) or a checkpoint path")
+    group.add_argument("--resume", default=None, help="'auto' (OUT/last.pth or OUT/last/ if present) or a checkpoint")
     group.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms")
     group.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="tqdm bar per epoch")
+    group.add_argument(
+        "--strategy",
+        choices=["ddp", "fsdp"],
+        default="ddp",
+        help="with torchrun: ddp (whole model per rank) or fsdp (parameters, gradients, optimizer sharded)",
+    )
+    group.add_argument(
+        "--grad-checkpointing", action="store_true", help="recompute each block in backward (less activation memory)"
+    )
     _add_log_arg(group)
     _add_compile_arg(group)
 
@@ -717,7 +726,6 @@ def _add_detect_command(sub: argparse._SubParsersAction) -> None:
     t = det.add_parser("train", help="train a detector on COCO-format data (torchrun for DDP)")
     _add_detect_args(t)
     _add_dense_train_args(t, splits=("train2017", "val2017"), epochs=12)
-    t.add_argument("--grad-checkpointing", action="store_true", help="recompute backbone blocks in backward")
     t.set_defaults(func=_detect_train)
     e = det.add_parser("eval", help="detections.json and the 12 COCO numbers (pycocotools COCOeval)")
     _add_detect_args(e, model_required=False)
