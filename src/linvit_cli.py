@@ -198,7 +198,9 @@ METHODS_HELP = "linear|column|katz|perron|cls|rollout|grad (default: the model's
 
 def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
     p.add_argument(
-        "--data", required=True, help="ImageNet-layout folder (DIR/<split>/<class>/*), or any folder of pictures"
+        "--data",
+        required=True,
+        help="ImageNet-layout folder (DIR/<split>/<class>/*), any folder of pictures, or digits:TASK,..., wds:, hfds:",
     )
     p.add_argument("--split", default="val", help="DATA/SPLIT when it exists, else DATA itself")
     _add_model_args(p, MODEL_HELP + "; without it --checkpoint is a run folder", KWARGS_HELP, False)
@@ -208,7 +210,12 @@ def _add_analysis_args(p: argparse.ArgumentParser, limit: int) -> None:
     p.add_argument("--img-size", type=POSITIVE, nargs="+", default=None, metavar="PX", help="input side, or H W")
     p.add_argument("--crop-pct", type=float, default=None)
     p.add_argument("--limit", type=POSITIVE, default=limit, help="images used (spread evenly over the split)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the model's initialisation (without --checkpoint)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the model's initialisation (without --checkpoint) and of the figures' class-spread sample",
+    )
 
 
 def _add_common_data_args(p: argparse.ArgumentParser, model_required: bool = True) -> None:

@@ -515,3 +515,68 @@ def test_boxes_that_match_no_picture_are_a_warning_with_a_count(tmp_path, capsys
     assert json.loads((out / "metrics.json").read_text())["box_roc_auc"] is None
     err = capsys.readouterr().err
     assert "0 of 2 pictures have boxes" in err and str(boxes) in err and "2 entries" in err
+
+
+def test_explain_takes_the_digits_spec_and_reads_what_the_digit_folder_holds(digits_and_run, tmp_path):
+    """Issue 45.9: --data digits:... as train and eval take it, with the canvases' labels and ink boxes; the
+    numbers equal those on the folder `linvit data digits` writes of the same canvases."""
+    from linvit.data.digit_tasks import write_digit_folder
+
+    _, run = digits_and_run
+    spec = "digits:digit,canvas=32,clutter=1"
+    folder = tmp_path / "folder"
+    write_digit_folder(folder, canvas=32, clutter=1, splits=("val",), progress=False)
+    argv = ["explain", "--checkpoint", str(run), "--limit", "10"]
+    assert cli_main([*argv, "--data", spec, "--output", str(tmp_path / "spec")]) == 0
+    assert cli_main([*argv, "--data", str(folder), "--output", str(tmp_path / "folder_out")]) == 0
+    spec_metrics = json.loads((tmp_path / "spec" / "metrics.json").read_text())
+    folder_metrics = json.loads((tmp_path / "folder_out" / "metrics.json").read_text())
+    assert spec_metrics["labelled"] and spec_metrics["images_with_boxes"] == 10
+    for key in ("accuracy", "morf_aoc", "box_roc_auc", "pointing_game"):
+        assert spec_metrics[key] == pytest.approx(folder_metrics[key], abs=1e-5), key
+    rows = [json.loads(line) for line in (tmp_path / "spec" / "predictions.jsonl").read_text().splitlines()]
+    assert rows[0]["path"].startswith(f"{spec}#val/")
+    from linvit.explain.run import ExplainConfig, run_explain
+
+    with pytest.raises(ValueError, match=r"--boxes matches pictures by their files; --data digits:\S+ has none"):
+        run_explain(ExplainConfig(data=spec, checkpoint=str(run), boxes="b.json", output=str(tmp_path / "x")))
+
+
+def test_the_figures_show_a_seeded_class_spread_sample(digits_and_run, tmp_path):
+    """Issue 45.10: on a class-sorted split the first 8 maps (maps.png, maps.npz) show 8 classes, the same for the
+    same seed; a unit check of the order on a sorted list and without classes."""
+    from linvit.explain.inputs import spread_order
+
+    classes = [str(c) for c in range(10) for _ in range(6)]
+    order = spread_order(classes, seed=0)
+    assert sorted(order) == list(range(60)) and len({classes[k] for k in order[:10]}) == 10
+    assert order == spread_order(classes, seed=0) and order != spread_order(classes, seed=1)
+    assert sorted(spread_order([None] * 7, 3)) == list(range(7))
+    _, run = digits_and_run
+    argv = ["explain", "--checkpoint", str(run), "--data", "digits:digit,canvas=32,clutter=1", "--limit", "40"]
+
+    def first_targets(name, seed):
+        assert cli_main([*argv, "--seed", str(seed), "--output", str(tmp_path / name)]) == 0
+        saved = np.load(tmp_path / name / "maps.npz")
+        rows = [json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
+        assert [r["path"] for r in rows[:8]] == saved["paths"].tolist()
+        return [r["target"] for r in rows[:8]], saved["paths"].tolist()
+
+    targets, paths = first_targets("a", 0)
+    assert len(set(targets)) == 8
+    assert first_targets("b", 0) == (targets, paths) and first_targets("c", 1)[1] != paths
+
+
+def test_eval_at_another_size_says_the_runs_own_on_stderr(digits_and_run, capsys):
+    """Issue 45.11: --img-size other than the run's still runs, with one line naming the size it was trained at."""
+    data, run = digits_and_run
+    argv = ["eval", "--checkpoint", str(run), "--data", str(data), "--workers", "0", "--no-progress"]
+    assert cli_main([*argv, "--img-size", "48"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"linvit eval: note: {run} was trained at 32 px and is evaluated at 48 px (position embeddings resampled; "
+        "accuracy at another size is not the run's)"
+    ]
+    for same in ([], ["--img-size", "32"]):
+        assert cli_main([*argv, *same]) == 0
+        assert "trained at" not in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from .data.splits import open_split
 from .distributed import all_reduce_sum, cleanup, init_distributed
 from .errors import UsageError
 from .utils import compile_model
-from .weights import create_for_checkpoint, load_and_convert, use_run_folder
+from .weights import create_for_checkpoint, height_width, load_and_convert, run_model_args, use_run_folder
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -90,6 +91,23 @@ def class_count(data: str, split: str) -> int:
     return len(image_split(data, split).classes)
 
 
+def other_size_note(checkpoint, img_size) -> str | None:
+    """One line when a run is evaluated at another input size than it was trained at: it runs (the position
+    table is resampled), but its accuracy there is not the run's, so it is said rather than left silent."""
+    trained = height_width(run_model_args(checkpoint).get("img_size")) if checkpoint else None
+    wanted = height_width(img_size)
+    if trained is None or wanted is None or trained == wanted:
+        return None
+
+    def px(size: tuple[int, int]) -> str:
+        return f"{size[0]}" if size[0] == size[1] else f"{size[0]} x {size[1]}"
+
+    return (
+        f"linvit eval: note: {checkpoint} was trained at {px(trained)} px and is evaluated at {px(wanted)} px "
+        "(position embeddings resampled; accuracy at another size is not the run's)"
+    )
+
+
 @dataclasses.dataclass
 class EvalConfig(Config):
     """`linvit eval`: a checkpoint (a run folder, or a weights file for ``model``) on one split of ``data``."""
@@ -130,6 +148,9 @@ def run_eval(config: EvalConfig) -> dict:
         if rank == 0:
             source = f" from {run}/args.yaml" if run is not None else ""
             print(f"{config.model}{source}: {weights} weights of {config.checkpoint or 'no checkpoint'}")
+            note = other_size_note(run or config.checkpoint, config.img_size)
+            if note:
+                print(note, file=sys.stderr)
         data_config = resolve_data_config({"img_size": config.img_size, "crop_pct": config.crop_pct}, model=model)
         dataset = image_split(config.data, config.split, create_transform(**data_config, is_training=False))
         model.to(device)

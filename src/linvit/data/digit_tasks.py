@@ -200,6 +200,10 @@ class DigitCanvases(Dataset):
             return self.transform(Image.fromarray(image).convert("RGB")), label, 0
         return torch.from_numpy(image).float().div_(255).expand(3, -1, -1).clone(), label, 0
 
+    def ink_boxes(self, index: int) -> list[list[int]]:
+        """The boxes of item index's deciding digits (canvas pixels), as write_digit_folder's boxes.json has them."""
+        return self.render(index, item_rng(self.seed, self.split, self.epoch, index))[2]
+
     def render(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, int, list[list[int]]]:
         """(canvas (H, W) uint8, label, ink boxes [x0, y0, x1, y1] of the digits that decide the label)."""
         d = self.drawing

@@ -18,6 +18,11 @@ READER_PREFIXES = ("digits:", "wds:", "hfds:")
 _PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_]+):(?!//)")
 
 
+def is_reader_spec(data) -> bool:
+    """Whether --data names a reader (digits:, wds:, hfds:) rather than a folder of image files."""
+    return str(data).startswith(READER_PREFIXES)
+
+
 def open_split(data, split: str, transform=None, unreadable: str = "skip"):
     """The split of a `--data` spec as a dataset of (image, target, unreadable) items."""
     if is_digits_spec(data):

@@ -1,5 +1,6 @@
 """What `linvit explain | spectral | erf` run on: a model (a run folder, or a name with optional weights) and
-images (an ImageNet-layout split, or any folder of pictures), with labels only where they mean something.
+images (an ImageNet-layout split, any folder of pictures, or a reader spec every other command takes:
+`digits:TASK,...`, `wds:FOLDER`, `hfds:FOLDER`), with labels only where they mean something.
 
 Labels are used only when the folder's class names can be matched to the model's classes: by name when the
 model knows its label names (a run folder), else by position when the folder has as many classes as the model
@@ -20,6 +21,7 @@ from timm.data import create_transform, resolve_data_config
 
 from ..config import Config
 from ..data.images import find_images, read_rgb
+from ..data.splits import is_reader_spec, open_split
 from ..errors import UsageError
 from ..weights import create_for_checkpoint, height_width, load_weights, read_run_config, use_run_folder
 
@@ -38,7 +40,7 @@ class AnalysisConfig(Config):
     img_size: list[int] | None = None  # one side or H W; None: the model's (a run's own)
     crop_pct: float | None = None
     limit: int = 64  # images, spread evenly over the split
-    seed: int = 0  # the model's initialisation without a checkpoint
+    seed: int = 0  # the model's initialisation without a checkpoint, and the figures' class-spread order
 
 
 A = TypeVar("A", bound=AnalysisConfig)
@@ -56,6 +58,7 @@ class AnalysisInputs:
     config: dict
     why_unlabelled: str | None = None
     settings: AnalysisConfig | None = None
+    drawn_boxes: list | None = None  # per image (boxes, (width, height)) or None: a reader's own (the digits')
 
 
 def image_root(config: AnalysisConfig) -> Path:
@@ -129,33 +132,81 @@ def match_labels(
     return {c: i for i, c in enumerate(folder_classes)}, None
 
 
+class FolderPictures:
+    """Any folder of pictures (DATA/SPLIT, else DATA), in class folders or not; boxes come from a boxes file."""
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        self.root = image_root(config)
+        self.paths = find_images([self.root])
+        self.classes = class_folders(self.root, self.paths)
+        self.names = [str(p) for p in self.paths]
+
+    def read(self, index: int, transform) -> tuple[torch.Tensor, str | None] | None:
+        """(image, its class folder or None), or None for an undecodable file (passed over, as evaluation does)."""
+        path = self.paths[index]
+        try:
+            image = transform(read_rgb(path))
+        except UsageError as err:
+            print(f"skipped {err}")
+            return None
+        return image, path.relative_to(self.root).parts[0] if self.classes else None
+
+    def boxes(self, index: int) -> None:
+        return None
+
+
+class SplitPictures:
+    """The split of a reader spec (data.splits.open_split, as train and eval read it): its items, their class
+    names, and the digits' own ink boxes."""
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        self.split = open_split(config.data, config.split)
+        self.classes = list(self.split.classes)
+        self.names = [f"{config.data}#{config.split}/{i}" for i in range(len(self.split))]
+
+    def read(self, index: int, transform) -> tuple[torch.Tensor, str] | None:
+        self.split.transform = transform
+        item = self.split[index]
+        return None if item is None else (item[0], self.classes[int(item[1])])
+
+    def boxes(self, index: int) -> tuple[list, tuple[int, int]] | None:
+        ink = getattr(self.split, "ink_boxes", None)
+        return None if ink is None else (ink(index), (self.split.canvas, self.split.canvas))
+
+
+def spread_order(classes: list[str | None], seed: int) -> list[int]:
+    """Positions taken a class at a time in turn (each class's own in a seeded shuffle), so the first few, which
+    the figures show, spread over the classes of a class-sorted split; a seeded shuffle without classes."""
+    rng = np.random.default_rng(seed)
+    lanes: dict = {}
+    for position, name in enumerate(classes):
+        lanes.setdefault(name, []).append(position)
+    shuffled = [rng.permutation(lanes[name]).tolist() for name in sorted(lanes, key=str)]
+    return [lane[r] for r in range(max(map(len, shuffled))) for lane in shuffled if r < len(lane)]
+
+
 def load_inputs(settings: AnalysisConfig) -> AnalysisInputs:
-    """Model, up to settings.limit images spread evenly over the folder (sorted paths), their labels where they
-    mean something, and the data config they were transformed with."""
-    root = image_root(settings)
-    paths = find_images([root])
-    folder_classes = class_folders(root, paths)
+    """Model, up to settings.limit images spread evenly over the split (sorted), in class-spread order
+    (spread_order), their labels where they mean something, and the data config they were transformed with."""
+    pictures = SplitPictures(settings) if is_reader_spec(settings.data) else FolderPictures(settings)
     settings, run = run_settings(settings)
-    model, label_names = _create(settings, run, folder_classes)
-    mapping, why = match_labels(folder_classes, label_names, getattr(model, "num_classes", 0))
+    model, label_names = _create(settings, run, pictures.classes)
+    mapping, why = match_labels(pictures.classes, label_names, getattr(model, "num_classes", 0))
     config = data_config(settings, model)
     transform = create_transform(**config, is_training=False)
-    picked = np.linspace(0, len(paths) - 1, min(settings.limit, len(paths))).round().astype(int).tolist()
-    chosen, images = [], []
-    for i in dict.fromkeys(picked):
-        try:
-            images.append(transform(read_rgb(paths[i])))
-        except UsageError as err:  # an undecodable file is passed over, as evaluation does
-            print(f"skipped {err}")
-            continue
-        chosen.append(paths[i])
-    if not images:
-        raise UsageError(f"{root}: no readable images")
-    images = torch.stack(images)
-    targets = None
-    if mapping is not None:
-        targets = torch.tensor([mapping[p.relative_to(root).parts[0]] for p in chosen])
-    return AnalysisInputs(model, images, targets, [str(p) for p in chosen], config, why, settings)
+    count = len(pictures.names)
+    picked = np.linspace(0, count - 1, min(settings.limit, count)).round().astype(int).tolist()
+    read = [(i, pictures.read(i, transform)) for i in dict.fromkeys(picked)]
+    read = [(i, *item) for i, item in read if item is not None]
+    if not read:
+        raise UsageError(f"{settings.data}: no readable images")
+    read = [read[k] for k in spread_order([name for _, _, name in read], settings.seed)]
+    images = torch.stack([image for _, image, _ in read])
+    targets = None if mapping is None else torch.tensor([mapping[name] for _, _, name in read])
+    paths = [pictures.names[i] for i, _, _ in read]
+    drawn = [pictures.boxes(i) for i, _, _ in read]
+    drawn = drawn if any(b is not None for b in drawn) else None
+    return AnalysisInputs(model, images, targets, paths, config, why, settings, drawn)
 
 
 def data_config(settings: AnalysisConfig, model: nn.Module) -> dict:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..data import boxes_for, load_boxes
+from ..data.splits import is_reader_spec
 from ..errors import UsageError
 from ..evaluate import write_json
 from ..utils.paths import output_dir
@@ -60,7 +61,8 @@ def _denormalise(images: torch.Tensor, config: dict) -> np.ndarray:
 
 
 def plot_maps(images, maps, boxes, config, path: Path, title: str, max_images: int = 8) -> None:
-    """A grid: each image with its map overlaid and its ground-truth boxes outlined."""
+    """A grid of the first images (class-spread: explain.inputs.spread_order), each with its map overlaid and its
+    ground-truth boxes outlined."""
     plt = _matplotlib()
     from matplotlib.patches import Rectangle
 
@@ -82,7 +84,8 @@ def plot_maps(images, maps, boxes, config, path: Path, title: str, max_images: i
 
 
 def save_examples(images, maps, boxes, config, path: Path, count: int = 8, paths: list[str] | None = None) -> None:
-    """The first images (uint8 RGB), their maps, boxes (NaN-padded) and paths, for figures made later."""
+    """The first images (uint8 RGB; class-spread: explain.inputs.spread_order), their maps, boxes (NaN-padded)
+    and paths, for figures made later."""
     n = min(count, len(images))
     most = max([len(b or []) for b in boxes[:n]] + [1])
     padded = np.full((n, most, 4), np.nan, dtype=np.float32)
@@ -177,9 +180,15 @@ def run_explain(config: ExplainConfig) -> dict:
 
 
 def picture_boxes(config: ExplainConfig, inputs: AnalysisInputs) -> list[list | None]:
-    """Ground-truth boxes per picture in model-input pixels (--boxes, or DATA/boxes.json when present)."""
+    """Ground-truth boxes per picture in model-input pixels (--boxes, or DATA/boxes.json when present; the
+    digits' own ink boxes for `--data digits:...`)."""
     from PIL import Image
 
+    if is_reader_spec(config.data):
+        if config.boxes:
+            raise UsageError(f"--boxes matches pictures by their files; --data {config.data} has none")
+        drawn = inputs.drawn_boxes or [None] * len(inputs.paths)
+        return [None if d is None else transform_boxes(d[0], d[1], inputs.config) for d in drawn]
     boxes_src = config.boxes or Path(config.data) / "boxes.json"
     all_boxes = load_boxes(boxes_src) if Path(boxes_src).exists() else None
     if config.boxes and all_boxes is None:
