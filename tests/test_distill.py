@@ -186,6 +186,40 @@ def test_a_run_folder_teacher_with_lora_merges_into_a_plain_student(digits, tmp_
         torch.testing.assert_close(linvit.load_run(tmp_path / "run")(x), student(x))
 
 
+def test_data_whose_class_names_are_not_the_teachers_is_refused_in_one_line(digits, tmp_path):
+    """Issue 45.7: a run folder teacher names its classes ("0".."9"); class folders with the same count but other
+    names (or order) are refused naming both; a reader that only numbers its classes is checked by count alone."""
+    import shutil
+
+    from linvit.distillation.task import check_class_names, named_classes
+    from linvit.evaluate import image_split
+
+    train = ["train", "--model", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=1"]
+    train += ["num_heads=2", "--data", str(digits), "--img-size", "32", "--crop-pct", "1.0", "--epochs", "1"]
+    train += ["--batch-size", "8", "--workers", "0", "--no-progress", "--output", str(tmp_path / "teacher")]
+    assert cli_main(train) == 0
+    assert load_teacher(str(tmp_path / "teacher")).label_names == [str(d) for d in range(10)]
+    letters = tmp_path / "letters"
+    for split in ("train", "val"):
+        for d in range(10):
+            shutil.copytree(digits / split / str(d), letters / split / "abcdefghij"[d])
+    config = DistillConfig(teacher=str(tmp_path / "teacher"), data=str(letters), output=str(tmp_path / "x"), **RUNTIME)
+    expected = r"^the teacher's classes are not \S+letters's from class 0 on \(teacher: 0, 1, 2, .*, 9; data: a, b, "
+    with pytest.raises(ValueError, match=expected + r"c, .*, j\): distil on the data the teacher was trained for"):
+        run_distill(config)
+    with pytest.raises(ValueError, match=r"from class 1 on \(teacher: cat, dog; data: cat, emu\)"):
+        check_class_names(["cat", "dog"], ["cat", "emu"], "d")
+    with pytest.raises(ValueError, match="from class 0 on"):  # the same names in another order
+        check_class_names(["cat", "dog"], ["dog", "cat"], "d")
+    check_class_names(["cat", "dog"], None, "d")  # numbered classes: the count check decides
+
+    class Numbered:
+        classes, names_classes = ["0", "1"], False
+
+    assert named_classes(Numbered()) is None
+    assert named_classes(image_split("digits:digit", "val")) == [str(d) for d in range(10)]
+
+
 @pytest.mark.parametrize("mixer", ["katz_infsa", "linear_infsa", "pure_infsa"])
 def test_lora_adapts_every_linear_layer_but_heads_and_mixers_and_every_trainable_parameter_learns(mixer):
     """The converted layers train whole (linvit's InfSA layers read their projections' weights, so a LoRA wrapper

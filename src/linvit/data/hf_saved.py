@@ -54,6 +54,7 @@ class HFSavedSplit(UnreadableItems):
         self.targets = [int(label) for label in self.table["label"]]
         names = getattr(self.table.features["label"], "names", None)
         self.classes = list(names) if names else [str(i) for i in range(max(self.targets) + 1)]
+        self.names_classes = bool(names)  # else the classes are numbers
 
     def __len__(self) -> int:
         return len(self.table)

@@ -79,6 +79,7 @@ class WebDatasetSplit(UnreadableItems):
         self.samples = [(image, label) for shard in shards for _, image, label in index_shard(shard)]
         self.targets = [label for _, label in self.samples]
         self.classes = class_names(folder, max(self.targets) + 1)
+        self.names_classes = (Path(folder) / CLASS_NAMES_FILE).is_file()  # else the classes are numbers
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -240,8 +240,30 @@ def _image_parts(task: Distillation, config: DistillConfig, rank: int, world: in
             f"the teacher predicts {head} classes but {config.data} has {task.num_classes}: distil on the data "
             "the teacher was trained for (the student keeps the teacher's head)"
         )
+    check_class_names(teacher.label_names, named_classes(train), config.data)
     val_loader = eval_loader(val, config.batch_size, config.workers, rank, world)
     return train, val_loader, collate_images, list(train.classes)
+
+
+def named_classes(split) -> list[str] | None:
+    """A split's class names, or None where its reader only numbers them (wds: without classes.txt, an hfds:
+    label column without names)."""
+    return list(split.classes) if getattr(split, "names_classes", True) else None
+
+
+def check_class_names(teacher: list[str] | None, data: list[str] | None, spec) -> None:
+    """Where the teacher and the data both name their classes, the same names in the same order, or one line."""
+    if not teacher or not data or teacher == data:
+        return
+    at = next(i for i in range(max(len(teacher), len(data))) if teacher[i : i + 1] != data[i : i + 1])
+    raise UsageError(
+        f"the teacher's classes are not {spec}'s from class {at} on (teacher: {_listed(teacher)}; data: "
+        f"{_listed(data)}): distil on the data the teacher was trained for, its classes in its order"
+    )
+
+
+def _listed(names: list[str], most: int = 12) -> str:
+    return ", ".join(names[:most]) + (f", ... ({len(names)} classes)" if len(names) > most else "")
 
 
 def _text_parts(task: Distillation, config: DistillConfig, rank: int, world: int):

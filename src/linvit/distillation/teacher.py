@@ -12,6 +12,7 @@ The teacher is frozen and in eval mode; the student is a converted copy of it (d
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ class Teacher:
     language: bool  # a causal language model (token ids in, next-token logits out)
     data_config: dict | None = None  # vision: timm's data config (input_size, mean, std, crop_pct, ...)
     tokenizer: object = None  # language: a Hugging Face tokenizer, or None for bytes
+    label_names: list[str] | None = None  # vision: its classes' names in head order, where it names them
 
 
 def absolute_teacher(spec: str) -> str:
@@ -59,9 +61,15 @@ def load_teacher(spec: str, file: str | None = None, pretrained: bool = False, m
         kwargs = dict(model_kwargs or {})
         kwargs["pretrained"] = kwargs.get("pretrained", False) or pretrained  # the CLI folds --pretrained in
         model = create_model(spec, img_size=height_width(img_size), pretrained_file=file, **kwargs)
-        teacher = Teacher(model, False, _timm_data_config(model))
+        teacher = Teacher(model, False, _timm_data_config(model), label_names=_timm_label_names(model))
     teacher.model.eval().requires_grad_(False)
     return teacher
+
+
+def _timm_label_names(model: nn.Module) -> list[str] | None:
+    """The class names a timm pretrained_cfg carries (a run folder's, some Hub models'), else None."""
+    names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    return [str(n) for n in names] if names else None
 
 
 def _timm_data_config(model: nn.Module) -> dict:
@@ -83,7 +91,8 @@ def _run_folder(path: str, file: str | None) -> Teacher:
     import timm
 
     model = timm.create_model(f"local-dir:{folder}", pretrained=True)
-    return Teacher(model, False, _timm_data_config(model))
+    names = config.get("label_names") or _timm_label_names(model)
+    return Teacher(model, False, _timm_data_config(model), label_names=names and [str(n) for n in names])
 
 
 def _torchvision(name: str, file: str | None, img_size, model_kwargs) -> Teacher:
@@ -121,7 +130,17 @@ def _huggingface(name: str, file: str | None) -> Teacher:
     side = getattr(config, "image_size", 224)
     side = side if isinstance(side, int) else side[0]
     mean, std = _hf_normalisation(name)
-    return Teacher(model, False, {**IMAGENET, "mean": mean, "std": std, "input_size": (3, side, side), "crop_pct": 1.0})
+    data_config = {**IMAGENET, "mean": mean, "std": std, "input_size": (3, side, side), "crop_pct": 1.0}
+    return Teacher(model, False, data_config, label_names=_hf_label_names(config))
+
+
+def _hf_label_names(config) -> list[str] | None:
+    """config.id2label in head order, unless it is transformers' placeholder (LABEL_0, LABEL_1, ...)."""
+    id2label = getattr(config, "id2label", None) or {}
+    names = [str(id2label.get(i, id2label.get(str(i), ""))) for i in range(len(id2label))]
+    if not names or all(re.fullmatch(r"LABEL_\d+", n) for n in names):
+        return None
+    return names
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
