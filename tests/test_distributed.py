@@ -29,7 +29,7 @@ from linvit.train import ClassifyConfig
 
 RUNNER = Path(__file__).parent / "fixtures" / "torchrun_commands.py"
 BATCH = 5  # per process at world 2; 10 at world 1
-EPOCHS = 3
+EPOCHS = 2
 STILL = ["--aa", "none", "--mixup", "0", "--cutmix", "0", "--reprob", "0", "--smoothing", "0", "--drop-path", "0"]
 STILL += ["--hflip", "0", "--scale", "1", "1", "--ratio", "1", "1", "--color-jitter", "0", "--crop-pct", "1.0"]
 MODEL = ["--model", "infvit_tiny_patch16_224", "--model-kwargs", "patch_size=8", "depth=2", "embed_dim=32"]
@@ -41,6 +41,14 @@ def train(data, out, *, strategy="fsdp", epochs=EPOCHS, batch=BATCH, extra=()) -
     args = ["train", "--data", str(data), *MODEL, "--output", str(out), "--epochs", str(epochs)]
     args += ["--batch-size", str(batch), "--lr", "1e-3", "--min-lr", "1e-3", "--warmup-epochs", "0", "--img-size"]
     return [*args, "32", *STILL, "--workers", "0", "--no-progress", "--device", "cpu", "--strategy", strategy, *extra]
+
+
+def distill(data, out, strategy: str) -> list[str]:
+    """Both stages from a random 2-block ViT teacher; under fsdp the teacher is sharded too."""
+    args = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=2"]
+    args += ["num_heads=2", "num_classes=10", "--data", str(data), "--img-size", "32", "--epochs", "1"]
+    args += ["--batch-size", "4", "--workers", "0", "--device", "cpu", "--no-progress", "--output", str(out)]
+    return [*args, "--strategy", strategy]
 
 
 def metrics(out: Path) -> list[dict]:
@@ -58,13 +66,15 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     data = root / "data"
     build_cluttered_mnist(data, canvas=32, per_class_train=4, per_class_val=2, clutter=1, progress=False)
-    out = {name: root / name for name in ("ddp", "fsdp", "two_to_one", "one_to_two")}
+    out = {name: root / name for name in ("ddp", "fsdp", "two_to_one", "one_to_two", "distill_ddp", "distill_fsdp")}
     assert cli_main(train(data, out["one_to_two"], epochs=1, batch=2 * BATCH)) == 0
     commands = [
         train(data, out["ddp"], strategy="ddp"),
         train(data, out["fsdp"]),
         train(data, out["two_to_one"], epochs=1),
         train(data, out["one_to_two"], extra=["--resume", "auto"]),
+        distill(data, out["distill_ddp"], "ddp"),
+        distill(data, out["distill_fsdp"], "fsdp"),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(RUNNER)]
@@ -157,3 +167,13 @@ def test_fsdp_refuses_fp16_in_one_line(tmp_path):
     config = ClassifyConfig(strategy="fsdp", amp="fp16")
     with pytest.raises(UsageError, match="bf16 or none"):
         sharding.check_strategy(config)
+
+
+def test_a_sharded_teacher_distills_the_same_student(runs):
+    _, out, _ = runs
+    for stage in ("attention", "."):
+        ddp, fsdp = metrics(out["distill_ddp"] / stage), metrics(out["distill_fsdp"] / stage)
+        for a, b in zip(ddp, fsdp, strict=True):
+            for key in ("train_loss", "val_loss", "teacher_val_loss"):
+                assert b[key] == pytest.approx(a[key], rel=1e-5), (stage, a["epoch"], key)
+        assert_same_weights(out["distill_ddp"] / stage, out["distill_fsdp"] / stage)

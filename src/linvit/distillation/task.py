@@ -27,6 +27,7 @@ from ..conversion.core import FORMS, canonical_form
 from ..data import collate_images
 from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..engine import Parts, Run, Task, fit
+from ..engine.sharding import is_sharded
 from ..errors import UsageError
 from ..evaluate import autocast, eval_loader, evaluate, image_split
 from ..utils.artifacts import WEIGHTS
@@ -171,6 +172,9 @@ class Distillation(Task):
         if self.stage == "attention":
             return frozenset(END_TO_END_FIELDS) - {"epochs", "lr"} | set(TRANSFER_FIELDS)
         return frozenset(TRANSFER_FIELDS)
+
+    def frozen_models(self) -> list[nn.Module]:
+        return [self.teacher.model]  # sharded under --strategy fsdp like the student
 
     def batch_loss(self, run: Run, batch) -> tuple[torch.Tensor, int]:
         if self.teacher.language:
@@ -348,6 +352,10 @@ def run_distill(config: DistillConfig) -> nn.Module:
             fit(task, stage_config)
             barrier()  # rank 0 has written the stage's model folder, which the next stage starts from
             start = Path(stage_config.output) / WEIGHTS
-    student = make_student(task.teacher.model.cpu(), config.mixer, config.gamma_init)
+    teacher = task.teacher.model
+    if is_sharded(teacher):  # FSDP modules cannot be copied: the student's shape from a fresh teacher
+        spec = (config.teacher, config.teacher_file, config.pretrained, config.model_kwargs, config.img_size)
+        teacher = load_teacher(*spec).model
+    student = make_student(teacher.cpu(), config.mixer, config.gamma_init)
     load_weights(student, start)
     return student.eval()

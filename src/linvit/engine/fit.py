@@ -94,6 +94,11 @@ class Task:
         """Config fields this task's run never reads: a resume may change them (they touched no state)."""
         return frozenset()
 
+    def frozen_models(self) -> list[nn.Module]:
+        """Models the task runs but does not train (distillation's teacher): fsdp shards them as it does the
+        model, with no gradients or optimizer state, so a teacher too large for one device still teaches."""
+        return []
+
     def learning_rate(self, config: TrainConfig, world: int) -> float:
         return config.lr
 
@@ -135,8 +140,11 @@ def start_run(task: Task, config: TrainConfig, rank: int, world: int, device: to
     sampler, loader = train_loader(parts.train_set, config, rank, world, parts.collate_fn, pin)
     ema = task.build_ema(model, config)
     model = sharding.prepare(model, config, world, device)  # before the optimizer: fsdp replaces the parameters
-    if ema is not None and sharding.is_sharded(model):
-        sharding.shard(ema.module, world, device, config.amp)
+    if sharding.is_sharded(model):
+        if ema is not None:
+            sharding.shard(ema.module, world, device, config.amp)
+        for frozen in task.frozen_models():
+            sharding.shard(frozen, world, device, config.amp, frozen=True)
     lr = task.learning_rate(config, world)
     optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr)
     run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)
@@ -162,7 +170,7 @@ def run_epochs(task: Task, run: Run) -> list[dict]:
         task.start_epoch(run, epoch)
         numbers = {"epoch": epoch, **train_pass(run, epoch, lambda batch: task.batch_loss(run, batch), after_step)}
         task.end_epoch(run, epoch, numbers)
-        with sharding.gathered(run.model, run.ema.module if run.ema is not None else None):
+        with sharding.gathered(run.model, run.ema.module if run.ema is not None else None, *task.frozen_models()):
             numbers.update(task.evaluate(run, epoch))
         run.history.append(numbers)
         rngs = gather_rng(run.world)

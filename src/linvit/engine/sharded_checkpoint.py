@@ -10,6 +10,9 @@ A new checkpoint is written to `last.tmp/` and renamed over `last/`, so a kill l
 from __future__ import annotations
 
 import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -49,10 +52,12 @@ def save(run, extra: dict) -> None:
     if run.rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
-    dcp.save(tensor_state(run), checkpoint_id=str(tmp), no_dist=not is_distributed())
+    with _quiet():
+        dcp.save(tensor_state(run), checkpoint_id=str(tmp), no_dist=not is_distributed())
     if run.rank == 0:
         torch.save(extra, tmp / EXTRA)
         old = run.output / (FOLDER + ".old")
+        shutil.rmtree(old, ignore_errors=True)  # left by a kill between the renames
         if folder.exists():
             folder.rename(old)
         tmp.rename(folder)
@@ -76,7 +81,8 @@ def load(run, path: Path) -> None:
     checkpoint of another model (other names or shapes) is one line."""
     state = tensor_state(run)
     try:
-        dcp.load(state, checkpoint_id=str(path), no_dist=not is_distributed())
+        with _quiet():
+            dcp.load(state, checkpoint_id=str(path), no_dist=not is_distributed())
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP wraps every rank's error (a BaseException)
         reason = str(err).strip().splitlines()
         raise UsageError(
@@ -86,6 +92,14 @@ def load(run, path: Path) -> None:
     set_state_dict(run.model, run.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     if run.ema is not None and "ema" in state:
         set_model_state_dict(run.ema.module, state["ema"])
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """DCP warns on every single-process save and load that it assumes one process: that is what one means."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _first_cause(lines: list[str]) -> str:

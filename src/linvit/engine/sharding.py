@@ -58,9 +58,10 @@ def mixed_precision(amp: str):
     return MixedPrecisionPolicy()
 
 
-def shard(model: nn.Module, world: int, device: torch.device, amp: str = "none") -> nn.Module:
-    """fully_shard on each block, then the root, over all ranks (a 1-D mesh); frozen parameters (a teacher)
-    shard the same way and get no gradients. Returns the model (FSDP2 shards in place)."""
+def shard(model: nn.Module, world: int, device: torch.device, amp: str = "none", frozen: bool = False) -> nn.Module:
+    """fully_shard on each block, then the root, over all ranks (a 1-D mesh). A frozen model (a teacher: no
+    gradients, no optimizer state) shards the same way, but its root reshards after forward too, since no
+    backward follows to do it. Returns the model (FSDP2 shards in place)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -68,7 +69,7 @@ def shard(model: nn.Module, world: int, device: torch.device, amp: str = "none")
     policy = mixed_precision(amp)
     for block in reversed(blocks(model)):  # innermost first: a stage is sharded after its blocks
         fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True if frozen else None)
     return model
 
 
