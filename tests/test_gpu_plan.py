@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -124,3 +125,41 @@ def test_the_committed_gpu_section_is_what_the_table_command_writes():
     """docs/benchmarks.md's GPU section (its plan size and first estimate included) is generated, never typed."""
     root = Path(__file__).resolve().parents[1]
     assert section(root / gpu_plan.RECORDED / "points.jsonl") in (root / "docs" / "benchmarks.md").read_text()
+
+
+class _FakeWorkers:
+    """Workers whose 'process' writes each job's rows from a script (key -> status), as a real worker would."""
+
+    def __init__(self, jsonl: Path, statuses: dict[str, str]) -> None:
+        self.jsonl, self.statuses, self.jobs = jsonl, statuses, []
+
+    def run(self, family: str, points: list[dict], deadline: float) -> int:
+        self.jobs.append([p["key"] for p in points])
+        for p in points:
+            gpu_plan.append_row(self.jsonl, {**p, "kind": "point", "status": self.statuses[p["key"]],
+                                             "finished": time.time()})  # fmt: skip
+        return 0
+
+
+def test_a_point_that_errored_in_an_earlier_call_is_retried_once(tmp_path):
+    group = plan()[0]
+    a, b, c, d = (p["key"] for p in group.points[:4])
+    group = gpu_plan.Group(group.name, group.points[:4])
+    jsonl, earlier = tmp_path / "points.jsonl", time.time() - 100
+    for key, status in ((a, "error"), (b, "ok"), (c, "error"), (c, "error")):
+        gpu_plan.append_row(jsonl, {"kind": "point", "key": key, "status": status, "finished": earlier})
+    est = gpu_plan.Estimate({p["key"]: 0.0 for p in group.points}, 0.0, 0.0, "test")
+    workers = _FakeWorkers(jsonl, {a: "error", d: "ok"})
+    started = time.time()
+    gpu_plan.run_group(group, workers, jsonl, started + 60, est, started)
+    assert workers.jobs == [[a, d]]  # a's one earlier error retried; c failed twice already; the error in this call
+    gpu_plan.run_group(group, workers, jsonl, time.time() + 60, est, time.time())  # ... is a's second: settled
+    assert workers.jobs == [[a, d]]
+    assert set(gpu_plan.settled(read_rows(jsonl)[0], time.time())) == {a, b, c, d}
+
+
+def test_an_error_row_names_where_it_was_raised():
+    spec = gpu_plan.dry(dict(plan()[0].points[0], model="no_such_model_patch16_224"))
+    row = gpu_plan.measure_isolated(spec, 60.0)
+    assert row["status"] == "error"
+    assert re.search(r"\(at \S+\.py:\d+", row["reason"]) and "linvit/" in row["reason"], row["reason"]

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +171,17 @@ def points_of(rows: list[dict]) -> dict[str, dict]:
     return {r["key"]: r for r in rows if r.get("kind") == "point" and "key" in r}
 
 
+def settled(rows: list[dict], started: float) -> dict[str, dict]:
+    """The points a call that started at ``started`` does not measure again: every recorded point except one whose
+    only error came in an earlier call (retried once: a fix or a fresh machine may have cured it)."""
+    errors = Counter(r["key"] for r in rows if r.get("kind") == "point" and r.get("status") == "error")
+    return {
+        key: row
+        for key, row in points_of(rows).items()
+        if not (row.get("status") == "error" and errors[key] == 1 and row.get("finished", 0.0) < started)
+    }
+
+
 # --- the estimate, printed before anything runs ---
 
 
@@ -272,7 +284,7 @@ def _release(compiled: bool, failed: bool) -> None:
 
 def measure_isolated(spec: dict, cap: float) -> dict:
     """spec's record (point.measure) with its status on failure (oom, timeout, error) and its wall time."""
-    from .point import classify_error, measure
+    from .point import classify_error, error_reason, measure
 
     start, record = time.perf_counter(), {"status": "error"}
     try:
@@ -281,7 +293,7 @@ def measure_isolated(spec: dict, cap: float) -> dict:
     except PointTimeout as err:
         record = {"status": "timeout", "reason": str(err)}
     except Exception as err:  # noqa: BLE001 - every failure becomes this point's status
-        record = {"status": classify_error(err), "reason": f"{type(err).__name__}: {str(err)[:300]}"}
+        record = {"status": classify_error(err), "reason": error_reason(err)}
     finally:
         _release(spec["compile"] != "off", record["status"] != "ok")
     return {**spec, **record, "kind": "point", "wall_s": time.perf_counter() - start}
@@ -428,12 +440,14 @@ def _lines(proc: subprocess.Popen, until: float):
         buf += chunk
 
 
-def run_group(group: Group, workers: Workers, jsonl: Path, deadline: float, est: Estimate) -> None:
-    """A group's pending points in its family's worker; a point that kills the worker gets an error row and a fresh
-    worker goes on from the next one."""
+def run_group(
+    group: Group, workers: Workers, jsonl: Path, deadline: float, est: Estimate, started: float = 0.0
+) -> None:
+    """A group's pending points (settled() since ``started``) in its family's worker; a point that kills the worker
+    gets an error row and a fresh worker goes on from the next one."""
     family = FAMILY_OF[group.name]
     while True:
-        done = points_of(read_rows(jsonl)[0])
+        done = settled(read_rows(jsonl)[0], started)
         pending = [dict(p, est_s=est.per_point[p["key"]]) for p in group.points if p["key"] not in done]
         if not pending or time.time() + pending[0]["est_s"] > deadline:
             return
@@ -444,9 +458,10 @@ def run_group(group: Group, workers: Workers, jsonl: Path, deadline: float, est:
             continue
         if time.time() > deadline:
             return
-        crashed = next(p for p in pending if p["key"] not in points_of(read_rows(jsonl)[0]))
+        crashed = next(p for p in pending if p["key"] not in settled(read_rows(jsonl)[0], started))
         reason = f"the worker died (see logs/{family}.log)"
-        append_row(jsonl, {**crashed, "kind": "point", "status": "error", "reason": reason, "wall_s": None})
+        row = {**crashed, "kind": "point", "status": "error", "reason": reason, "wall_s": None, "finished": time.time()}
+        append_row(jsonl, row)
 
 
 def run_tests(out: Path, jsonl: Path, deadline: float, device: str) -> None:
@@ -490,7 +505,7 @@ def run(out: Path, dry_run: bool, budget_s: float, fresh: bool, reference: Path,
             print("gpu_plan: torch sees no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
             return 2
     est = estimate(groups, history, read_rows(reference)[0], dry_run)
-    done = points_of(read_rows(jsonl)[0])
+    done = settled(read_rows(jsonl)[0], start)
     todo = [Group(g.name, [p for p in g.points if p["key"] not in done]) for g in groups]
     n_all, n_todo = sum(len(g.points) for g in groups), sum(len(g.points) for g in todo)
     print(f"GPU plan{' (dry run on the CPU)' if dry_run else ''}: {n_all} points in {len(groups)} worker processes; "
@@ -504,11 +519,11 @@ def run(out: Path, dry_run: bool, budget_s: float, fresh: bool, reference: Path,
     reserve, workers = (est.tests_s if tests else 0.0), Workers(out, jsonl)
     try:
         for g in todo[:2]:
-            run_group(g, workers, jsonl, deadline - reserve, est)
+            run_group(g, workers, jsonl, deadline - reserve, est, start)
         if tests:
             run_tests(out, jsonl, deadline, run_row["device"])
         for g in todo[2:]:
-            run_group(g, workers, jsonl, deadline, est)
+            run_group(g, workers, jsonl, deadline, est, start)
             if FAMILY_OF[g.name] != "dit":
                 workers.stop(FAMILY_OF[g.name])  # its family is done: free its GPU memory for the next
     finally:

@@ -19,9 +19,21 @@ def _count_cpu_attention() -> None:
         flop_counter.register_flop_formula(backward, get_raw=True)(flop_counter.sdpa_backward_flop)
 
 
+def bmm_flop(a_shape, b_shape, *args, **kwargs) -> int:
+    """2*b*m*n*k for (b, m, k) @ (b, k, n). Ours, not torch's: torch 2.9-2.11's formula takes a third positional
+    argument as the output shape, so bmm's out_dtype overload (Katz-InfSA's half products with float32 sums on
+    CUDA) raised a TypeError inside the counter and the point failed."""
+    b, m, k = a_shape
+    n = b_shape[-1]
+    return 2 * b * m * n * k
+
+
+CUSTOM_FORMULAS = {torch.ops.aten.bmm: bmm_flop}
+
+
 def count_flops(step: Callable[[], object]) -> int:
     """FLOPs of one call of ``step`` (2 per multiply-add), attention kernels included on every device."""
     _count_cpu_attention()
-    with flop_counter.FlopCounterMode(display=False) as counter:
+    with flop_counter.FlopCounterMode(display=False, custom_mapping=CUSTOM_FORMULAS) as counter:
         step()
     return counter.get_total_flops()
