@@ -11,6 +11,7 @@ against relu and elu+1 on converted layers of trained teachers (docs/distill.md,
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 import torch.nn as nn
@@ -18,7 +19,10 @@ import torch.nn as nn
 from ..errors import UsageError
 from ..ops.common import accumulation_dtype, no_autocast
 
-LEARNED_FEATURE_MAPS = ("hedgehog",)
+LearnedFeatureMap = Literal["hedgehog"]
+# every map a Katz-InfSA or linear-attention layer takes: fixed (ops.katz.feature_map) or learned
+FeatureMap = Literal["relu", "elu+1", LearnedFeatureMap]
+LEARNED_FEATURE_MAPS = get_args(LearnedFeatureMap)
 INIT_SCALE = 24.0  # W = INIT_SCALE / sqrt(d) * I (3 I at head dim 64): the lowest starting loss of 1-32 on digit
 
 

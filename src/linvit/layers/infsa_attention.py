@@ -9,7 +9,7 @@ through them with ``residual_streamed`` (models/_chunking.py).
 
 # no `from __future__ import annotations`: TorchScript reads FoldedWeights' field types only when they are real types
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args, get_origin
 
 import torch
 import torch.nn as nn
@@ -20,7 +20,8 @@ from ..errors import UsageError
 from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops.common import accumulation_dtype, autocast_dtype, merges_with_next, no_autocast
 from ..ops.infsa import (
-    LINEAR_VARIANTS,
+    LINEAR_VARIANTS,  # noqa: F401 (conversion.core imports it from here)
+    LinearVariant,
     importance_from_logits,
     linear_normaliser,
     linear_scores,
@@ -29,27 +30,34 @@ from ..ops.infsa import (
 )
 from ..ops.katz import feature_dtype, katz_factors, katz_features, katz_mixing, katz_token_sums, mixing_as
 from ..ops.katz import feature_map as katz_feature_map
-from .feature_maps import LEARNED_FEATURE_MAPS, query_and_key_maps
+from .feature_maps import LEARNED_FEATURE_MAPS, FeatureMap, query_and_key_maps
 from .graph_capture import call_eagerly, is_fx_tracing, stateless_call
 
 torch.fx.wrap("call_eagerly")  # one node per InfSA layer in FX graphs (see graph_capture.call_eagerly)
 
 
-PURE_IMPLS = ("auto", "dense", "chunked")
+# Each choice-valued option is a Literal type, the one source of its choices: check_choice validates against it,
+# and the conformance matrix enrols every value it names from the layers' and models' signatures.
+PureImpl = Literal["auto", "dense", "chunked"]
+FoldKV = Literal[True, False]
+PURE_IMPLS = get_args(PureImpl)
 # eager inference over at least this many tokens projects the soft query's Q in views of QUERY_CHUNK tokens
 QUERY_CHUNK_MIN_TOKENS, QUERY_CHUNK = 2**16, 2**14
-FEATURE_MAPS = ("relu", "elu+1", *LEARNED_FEATURE_MAPS)
+FEATURE_MAPS = get_args(FeatureMap)
 
 
-def check_choice(name: str, value: object, choices: tuple) -> None:
-    """A one-line ValueError at construction for an option a forward would only reject later."""
+def check_choice(name: str, value: object, choices) -> None:
+    """A one-line ValueError at construction for an option a forward would only reject later; choices is a
+    tuple or a Literal type (PureImpl, FoldKV, ...)."""
+    if get_origin(choices) is Literal:
+        choices = get_args(choices)
     if value not in choices:
         raise UsageError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
 
 
-def check_feature_map(feature_map: str, feature_dim: int | None) -> None:
+def check_feature_map(feature_map: FeatureMap, feature_dim: int | None) -> None:
     """One-line errors for a feature map and its size, before a layer changes anything."""
-    check_choice("feature_map", feature_map, FEATURE_MAPS)
+    check_choice("feature_map", feature_map, FeatureMap)
     if feature_dim is None:
         return
     if feature_map not in LEARNED_FEATURE_MAPS:
@@ -192,8 +200,10 @@ class PureInfSAAttention(_InfSABase):
     ``impl`` selects the dense form, the memory-bounded two-pass form, or "auto" (by size).
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, *, impl: str = "auto", block_size: int | None = None, **kwargs):
-        check_choice("impl", impl, PURE_IMPLS)
+    def __init__(
+        self, dim: int, num_heads: int = 8, *, impl: PureImpl = "auto", block_size: int | None = None, **kwargs
+    ):
+        check_choice("impl", impl, PureImpl)
         if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
             raise UsageError(f"block_size must be a positive int or None; got {block_size!r}")
         super().__init__(dim, num_heads, **kwargs)
@@ -245,10 +255,16 @@ class LinearInfSAAttention(_InfSABase):
     """
 
     def __init__(
-        self, dim: int, num_heads: int = 8, *, fold_kv: bool = True, linear_variant: str = "release", **kwargs
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        fold_kv: FoldKV = True,
+        linear_variant: LinearVariant = "release",
+        **kwargs,
     ) -> None:
-        check_choice("fold_kv", fold_kv, (True, False))
-        check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
+        check_choice("fold_kv", fold_kv, FoldKV)
+        check_choice("linear_variant", linear_variant, LinearVariant)
         super().__init__(dim, num_heads, **kwargs)
         self.fold_kv = fold_kv
         self.linear_variant = linear_variant
@@ -410,14 +426,20 @@ class KatzInfSAAttention(_InfSABase):
     """
 
     def __init__(
-        self, dim: int, num_heads: int = 8, *, feature_map: str = "relu", feature_dim: int | None = None, **kwargs
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        feature_map: FeatureMap = "relu",
+        feature_dim: int | None = None,
+        **kwargs,
     ):
         if kwargs.get("attn_drop", 0.0):
             raise UsageError("Katz-InfSA never forms the attention matrix; attn_drop must be 0")
         super().__init__(dim, num_heads, **kwargs)
         self.use_feature_map(feature_map, feature_dim)
 
-    def use_feature_map(self, feature_map: str, feature_dim: int | None = None) -> None:
+    def use_feature_map(self, feature_map: FeatureMap, feature_dim: int | None = None) -> None:
         """Select the feature map: a fixed one ("relu", "elu+1") or a learned one ("hedgehog": per-head maps of
         queries and keys, 2 feature_dim features, layers.feature_maps), built anew on the layer's device."""
         check_feature_map(feature_map, feature_dim)

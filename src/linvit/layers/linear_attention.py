@@ -16,7 +16,7 @@ from timm.layers import register_notrace_module
 from ..errors import UsageError
 from ..ops.common import accumulation_dtype, no_autocast
 from ..ops.katz import feature_map as fixed_feature_map
-from .feature_maps import LEARNED_FEATURE_MAPS, query_and_key_maps
+from .feature_maps import LEARNED_FEATURE_MAPS, FeatureMap, query_and_key_maps
 from .infsa_attention import check_feature_map, timm_attention_layout
 
 
@@ -48,7 +48,7 @@ class LinearAttention(nn.Module):
         proj_drop: float = 0.0,
         norm_layer: type[nn.Module] | None = None,
         *,
-        feature_map: str = "elu+1",
+        feature_map: FeatureMap = "elu+1",
         feature_dim: int | None = None,
         eps: float = 1e-6,
         **kwargs,
@@ -61,7 +61,7 @@ class LinearAttention(nn.Module):
         self.eps = eps
         self.use_feature_map(feature_map, feature_dim)
 
-    def use_feature_map(self, feature_map: str, feature_dim: int | None = None) -> None:
+    def use_feature_map(self, feature_map: FeatureMap, feature_dim: int | None = None) -> None:
         """The map of queries and keys: fixed (ops.katz.feature_map) or learned, built on the layer's device."""
         check_feature_map(feature_map, feature_dim)
         self.feature_map = feature_map

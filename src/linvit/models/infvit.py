@@ -15,8 +15,10 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 
 from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearAttention, LinearInfSAAttention, PureInfSAAttention
+from ..layers.feature_maps import FeatureMap
 from ..layers.graph_capture import is_fx_tracing, parent_method, traced_pos_embed
-from ..layers.infsa_attention import FEATURE_MAPS, LINEAR_VARIANTS, PURE_IMPLS, check_choice
+from ..layers.infsa_attention import FoldKV, PureImpl, check_choice
+from ..ops.infsa import LinearVariant
 from ._cfg import model_cfg, require_weights
 from ._chunking import TokenChunking, check_token_chunk, vit_features_chunked
 from ._input import CheckedPatchEmbed
@@ -58,10 +60,10 @@ class InfViT(VisionTransformer, TokenChunking):
         self,
         mixer: str = "softmax",
         gamma_init: float = 0.9,
-        attn_impl: str = "auto",
-        fold_kv: bool = True,
-        linear_variant: str = "release",
-        feature_map: str | None = None,
+        attn_impl: PureImpl = "auto",
+        fold_kv: FoldKV = True,
+        linear_variant: LinearVariant = "release",
+        feature_map: FeatureMap | None = None,
         feature_dim: int | None = None,
         check_finite: bool = False,
         token_chunk: int | str | None = "auto",
@@ -69,11 +71,11 @@ class InfViT(VisionTransformer, TokenChunking):
     ) -> None:
         if mixer not in MIXERS:
             raise UsageError(f"unknown mixer {mixer!r}; choose from {sorted(MIXERS)}")
-        check_choice("attn_impl", attn_impl, PURE_IMPLS)
-        check_choice("fold_kv", fold_kv, (True, False))
-        check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
+        check_choice("attn_impl", attn_impl, PureImpl)
+        check_choice("fold_kv", fold_kv, FoldKV)
+        check_choice("linear_variant", linear_variant, LinearVariant)
         if feature_map is not None:
-            check_choice("feature_map", feature_map, FEATURE_MAPS)
+            check_choice("feature_map", feature_map, FeatureMap)
         check_token_chunk(token_chunk)
         kwargs.setdefault("dynamic_img_size", True)
         super().__init__(attn_layer=MIXERS[mixer], embed_layer=CheckedPatchEmbed, **kwargs)

@@ -7,6 +7,7 @@ operation for operation; gamma may be a float or a per-head tensor of shape (H,)
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -329,7 +330,8 @@ def l1_normalize(a: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 # Linear-InfSA's score maps (docs/spec/infsa.md section 3.1): "release" is the paper's ReLU with an absolute eps;
 # the others are linvit's opt-in stabilised forms, each O(N) and sharing the folded layer's token sums.
-LINEAR_VARIANTS = ("release", "floor", "softplus", "elu+1")
+LinearVariant = Literal["release", "floor", "softplus", "elu+1"]  # typed options: the matrix enumerates them
+LINEAR_VARIANTS = get_args(LinearVariant)
 FLOOR_TAU = 1.0  # "floor": the normaliser is at least FLOOR_TAU * mean_l |logit_l| (the logits' own scale)
 
 
