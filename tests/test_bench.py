@@ -209,3 +209,111 @@ def test_readme_model_table_is_what_linvit_models_counts(capsys):
     for row in rows:
         line = next(x for x in readme.splitlines() if x.startswith(f"| `{row['model']}` |"))
         assert line.endswith(f"| {row['params']:,} | {row['gmacs@224']:.2f} |"), line
+
+
+def test_worker_runs_with_the_threads_asked_for_and_records_them():
+    """Issue 45 item 8: --threads reached the parent only; every point's worker now runs with it (its own
+    torch.get_num_threads(), recorded), beside the CPU model and its matrix extensions."""
+    spec = dict(TINY, model="linear_infvit_tiny_patch16_224", res=32, model_kwargs={"depth": 1}, threads=3)
+    record = run_point(spec, timeout=300)
+    assert record["status"] == "ok", record
+    assert record["threads"] == 3  # not this 2-core machine's default: the worker's own count
+    assert isinstance(record["cpu_model"], str) and record["cpu_model"]
+    assert isinstance(record["cpu_extensions"], list)
+    failed = run_point(dict(spec, model="no_such_model_patch16_224"), timeout=300)
+    assert failed["status"] == "error" and failed["threads"] == 3 and "cpu_model" in failed
+
+
+def test_thread_environment_and_the_cli_setting_reach_the_workers(tmp_path, monkeypatch):
+    from linvit.bench import command, machine
+
+    env = machine.thread_env(2, {"PATH": "/bin"})
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2" and env["PATH"] == "/bin"
+    assert "OMP_NUM_THREADS" not in machine.thread_env(None, {})
+    seen = []
+    monkeypatch.setattr(command, "sweep", lambda models, res, common, *a, **k: seen.append(common) or [])
+    monkeypatch.setattr(command, "measure_machine", lambda device, threads, dtypes: seen.append(threads) or {})
+    monkeypatch.setattr(command, "write_outputs", lambda *a, **k: (tmp_path / "bench.md").write_text("") or {})
+    args = ["bench", "--models", "linear_infvit_tiny_patch16_224", "--threads", "1", "--output", str(tmp_path)]
+    assert cli_main(args) == 0
+    assert seen[0] == 1 and seen[1]["threads"] == 1  # the GEMM peak's worker and every point's
+
+
+def test_cpu_info_reads_the_model_and_matrix_extensions(tmp_path):
+    from linvit.bench.machine import cpu_info
+
+    text = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx2 fma avx512f amx_tile "
+    (tmp_path / "cpuinfo").write_text(text + "amx_bf16 amx_int8 avx512_bf16\nprocessor\t: 1\nmodel name\t: other\n")
+    info = cpu_info(str(tmp_path / "cpuinfo"))
+    assert info["cpu_model"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert info["cpu_extensions"] == ["avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]
+    assert cpu_info(str(tmp_path / "absent"))["cpu_extensions"] == []
+
+
+def test_gemm_peak_record_has_its_fields():
+    """Issue 48 item 1: the run's machine record, measured by a worker like the points' (no timing asserted)."""
+    from linvit.bench.runner import measure_machine
+
+    machine = measure_machine("cpu", 1, ["fp32", "bf16", "fp32"], window_s=0.01, best_of=1)
+    assert machine["status"] == "ok", machine
+    assert machine["threads"] == 1 and machine["device"] == "cpu" and isinstance(machine["cpu_extensions"], list)
+    assert list(machine["gemm"]) == ["fp32", "bf16"]
+    for dtype, peak in machine["gemm"].items():
+        assert peak["dtype"] == dtype and peak["n"] % 128 == 0 and peak["reps"] >= 1 and peak["best_of"] == 1
+        assert peak["gflops_per_s"] > 0
+
+
+def test_each_point_gets_its_dtypes_peak_and_share():
+    from linvit.bench.report import machine_line, markdown_table
+    from linvit.bench.runner import with_shares
+
+    gemm = {"fp32": {"gflops_per_s": 100.0}, "bf16": {"gflops_per_s": 400.0}}
+    machine = dict(status="ok", device="cpu", device_name="cpu x", cpu_model="cpu x", threads=1, gemm=gemm)
+    machine["cpu_extensions"] = ["avx512f"]
+    base = dict(model="m", res=64, tokens=16, latency_ms=1.0, latency_iqr_ms=0.0, images_per_s=1.0, peak_mem_mb=1.0)
+    records = [
+        dict(base, dtype="fp32", status="ok", gflops_per_s=50.0),
+        dict(base, dtype="bf16", status="ok", gflops_per_s=100.0),
+        dict(base, dtype="fp16", status="ok", gflops_per_s=100.0),  # no fp16 peak measured
+        dict(base, dtype="fp32", status="oom", reason="x"),
+    ]
+    shared = with_shares(records, machine)
+    assert [r["peak_share"] for r in shared] == [0.5, 0.25, None, None]
+    assert [r["gemm_peak_gflops_per_s"] for r in shared] == [100.0, 400.0, None, 100.0]
+    assert "share of GEMM peak" in markdown_table(shared) and "| 50% |" in markdown_table(shared)
+    assert "share of GEMM peak" not in markdown_table(records)  # older records keep their table
+    line = machine_line(machine)
+    assert "cpu x" in line and "avx512f" in line and "1 thread" in line and "fp32 100" in line
+    assert "not measured" in machine_line({"status": "timeout", "reason": "r"})
+    assert with_shares(records, None)[0]["peak_share"] is None
+
+
+def test_bmm_flops_are_our_count_with_and_without_out_dtype():
+    """torch 2.9-2.11's bmm formula took out_dtype for the output shape and raised (Katz points failed on the H200);
+    ours counts 2*b*m*n*k for both overloads (meta tensors: shapes only)."""
+    from linvit.utils.flops import count_flops
+
+    a = torch.empty(3, 5, 7, device="meta", dtype=torch.bfloat16)
+    b = torch.empty(3, 7, 11, device="meta", dtype=torch.bfloat16)
+    explicit = 2 * 3 * 5 * 11 * 7
+    assert count_flops(lambda: torch.bmm(a, b)) == explicit
+    assert count_flops(lambda: torch.bmm(a, b, out_dtype=torch.float32)) == explicit
+    assert (
+        count_flops(lambda: torch.bmm(a.float(), b.float()) @ torch.empty(11, 2, device="meta"))
+        == explicit + 2 * 15 * 11 * 2
+    )
+
+
+def test_the_committed_share_table_is_generated_from_the_committed_json():
+    """docs/benchmarks.md's GEMM-share table is scripts/share_table.py's output from docs/bench/share/*.json."""
+    from pathlib import Path
+
+    from linvit.bench.report import shares_section
+
+    root = Path(__file__).resolve().parents[1]
+    runs = {d: json.loads((root / "docs/bench/share" / f"{d}.json").read_text()) for d in ("fp32", "bf16")}
+    families = {"vit_4l_patch16_224", "linear_infvit_4l_patch16_224", "katz_infvit_4l_patch16_224"}
+    for run in runs.values():
+        assert families | {"weightformer_tiny_patch16_224"} == {p["model"] for p in run["points"]}
+        assert run["machine"]["status"] == "ok" and all("peak_share" in p for p in run["points"])
+    assert shares_section(runs) in (root / "docs" / "benchmarks.md").read_text()

@@ -16,9 +16,10 @@ from ..models.dit import MIXERS as DIT_MIXERS
 from ..models.variants import check_model_name, split_name
 from ..utils import COMPILE_MODES
 from ..utils.flops import count_flops
+from .machine import PEAK_DTYPES
 from .opcount import count_ops
-from .report import write_outputs
-from .runner import ladder, sweep
+from .report import machine_line, write_outputs
+from .runner import ladder, measure_machine, sweep, with_shares
 from .suites import SUITES, suite_names
 
 
@@ -46,6 +47,7 @@ class BenchConfig(Config):
     reference: list[str] = dataclasses.field(default_factory=list)
     model_kwargs: dict = dataclasses.field(default_factory=dict)
     output: str | None = None
+    threads: int | None = None  # every worker's (points and the GEMM peak); None: torch's default
 
 
 def run_bench(config: BenchConfig) -> None:
@@ -60,10 +62,17 @@ def run_bench(config: BenchConfig) -> None:
         plans = [_flag_plan(config)]
     else:
         raise UsageError("give --models (comma list) or --suite")
+    machines: dict[tuple, dict] = {}  # measured once per run (per device and dtypes), shared by its plans
     for plan in plans:
         if config.suite:
             print(f"== suite {plan['name']}")
-        _run_plan(**{k: v for k, v in plan.items() if k != "name"})
+        common = plan["common"]
+        dtypes = (*PEAK_DTYPES, common["dtype"])
+        key = (common["device"], dtypes)
+        if not config.dry_run and key not in machines:
+            machines[key] = measure_machine(common["device"], config.threads, dtypes)
+            print(machine_line(machines[key]))
+        _run_plan(**{k: v for k, v in plan.items() if k != "name"}, machine=machines.get(key))
 
 
 def _common(config: BenchConfig, **overrides) -> dict:
@@ -77,6 +86,7 @@ def _common(config: BenchConfig, **overrides) -> dict:
         min_time_s=config.min_time,
         model_kwargs=config.model_kwargs,
         task=config.task,
+        threads=config.threads,
     )
     return {**common, **overrides}
 
@@ -134,7 +144,20 @@ def _suite_plan(config: BenchConfig, name: str) -> dict:
     )
 
 
-def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, batches, compiles, common, command):
+def _run_plan(
+    models,
+    res,
+    out,
+    ladder_mode,
+    references,
+    timeout,
+    mem_limit,
+    batches,
+    compiles,
+    common,
+    command,
+    machine=None,
+):
     for spec in [*models, *references]:  # fail fast on an unknown model, variant or mixer
         if common["task"] != "generate":
             check_model_name(split_name(spec)[0])
@@ -147,7 +170,7 @@ def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, bat
         raise UsageError(f"--batch must be positive, got {batches}")
     if common["device"] == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda requested but torch sees no CUDA device")
-    extra = {"command": command, "settings": {**common, "batch": batches, "compile": compiles}}
+    extra = {"command": command, "settings": {**common, "batch": batches, "compile": compiles}, "machine": machine}
     if ladder_mode:
         if len(batches) > 1 or len(compiles) > 1:
             raise UsageError("--ladder takes one --batch and one --compile mode")
@@ -155,6 +178,7 @@ def _run_plan(models, res, out, ladder_mode, references, timeout, mem_limit, bat
         records, extra["ladder_max_res"] = ladder(models, res[0], point, timeout, mem_limit)
     else:
         records = sweep(models, res, common, timeout, mem_limit, batches=batches, compiles=compiles)
+    records = with_shares(records, machine)
     slopes = write_outputs(records, Path(out), extra, references=references)
     print((Path(out) / "bench.md").read_text())
     for model, slope in slopes.items():

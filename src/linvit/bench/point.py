@@ -26,6 +26,7 @@ from ..models.variants import create_any_size
 from ..utils import compile_model
 from ..utils.compile import CudaGraphSafe
 from ..utils.flops import count_flops
+from .machine import apply_threads, cpu_info
 from .meters import EnergyMeter, PeakMemory
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -191,6 +192,8 @@ def measure(spec: dict) -> dict:
     quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [median, median, median]
     return {
         **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype", "task", "compile")},
+        **cpu_info(),
+        "threads": torch.get_num_threads(),
         "status": "ok",
         "reason": None,
         "tokens": work.tokens,
@@ -260,13 +263,38 @@ def classify_error(err: BaseException) -> str:
     return "error"
 
 
+def raised_at(err: BaseException) -> str:
+    """Where err was raised, as file:line (the innermost frame; linvit's innermost frame too when it differs), so
+    an error row says where to look without its log."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return "unknown"
+    ours = [f for f in frames if "linvit" in f.filename]
+    where = [frames[-1]] + ([ours[-1]] if ours and ours[-1] is not frames[-1] else [])
+    return " from ".join(f"{_short(f.filename)}:{f.lineno}" for f in where)
+
+
+def _short(path: str) -> str:
+    """A path from its package root (site-packages/ or src/ stripped)."""
+    for marker in ("site-packages/", "/src/"):
+        if marker in path:
+            return path.rsplit(marker, 1)[1]
+    return path
+
+
+def error_reason(err: BaseException) -> str:
+    """One line for an error row: the exception, its message (cut) and where it was raised."""
+    return f"{type(err).__name__}: {str(err)[:300]} (at {raised_at(err)})"
+
+
 def main(argv: list[str] | None = None) -> int:
     spec_json, result_path = (argv or sys.argv[1:])[:2]
     spec = json.loads(spec_json)
+    apply_threads(spec.get("threads"))  # the environment sized the thread pools already; torch's own count too
     try:
         record = measure(spec)
     except BaseException as err:  # noqa: BLE001 - every failure becomes this point's status
-        record = {**spec, "status": classify_error(err), "reason": f"{type(err).__name__}: {str(err)[:300]}"}
+        record = {**spec, "status": classify_error(err), "reason": error_reason(err)}
         traceback.print_exc()
     with open(result_path, "w") as f:
         json.dump(record, f)

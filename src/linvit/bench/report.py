@@ -30,6 +30,10 @@ COLUMNS = [
     "gflops_per_s",
     "energy_j_per_img",
     "compile_s",
+    "gemm_peak_gflops_per_s",
+    "peak_share",
+    "threads",
+    "cpu_model",
     "reason",
 ]
 
@@ -91,6 +95,9 @@ def markdown_table(records: list[dict], references: list[str] | None = None) -> 
     head[1:1] = varied
     if any(r.get("compile_s") for r in records):
         head.append("compile s")
+    shares = any(r.get("peak_share") is not None for r in records)
+    if shares:
+        head.append("share of GEMM peak")
     head += [f"speed-up vs `{ref}`" for ref in references]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
@@ -102,6 +109,8 @@ def markdown_table(records: list[dict], references: list[str] | None = None) -> 
         cells.append(r.get("energy_j_per_img"))
         if "compile s" in head:
             cells.append(r.get("compile_s"))
+        if shares:
+            cells.append(None if r.get("peak_share") is None else f"{r['peak_share']:.0%}")
         for ref in references:
             speedup = _speedup(r, records, ref)
             cells.append(None if speedup is None else f"{speedup:.2f}x")
@@ -163,7 +172,53 @@ def write_outputs(
         writer.writeheader()
         writer.writerows(records)
     lines = [markdown_table(records, references), "", "| model | latency exponent vs tokens |", "|---|---|"]
+    if (extra or {}).get("machine"):
+        lines[:0] = [machine_line(extra["machine"]), ""]
     lines += [f"| `{m}` | {'-' if s is None or math.isnan(s) else f'{s:.3f}'} |" for m, s in slopes.items()]
     (out / "bench.md").write_text("\n".join(lines) + "\n")
     plot_scaling(records, out / "scaling.png")
     return slopes
+
+
+def machine_line(machine: dict) -> str:
+    """The machine record in one line: CPU (or GPU), matrix extensions, threads, GEMM peak per dtype."""
+    if machine.get("status") != "ok":
+        return f"machine: GEMM peak not measured ({machine.get('status')}: {machine.get('reason')})"
+    extensions = ", ".join(machine.get("cpu_extensions") or []) or "none listed"
+    peaks = ", ".join(f"{d} {g['gflops_per_s']:,.0f}" for d, g in machine["gemm"].items())
+    return (
+        f"machine: {machine['device_name']} ({machine['device']}); CPU {machine['cpu_model']}, matrix extensions: "
+        f"{extensions}; {machine['threads']} thread(s); GEMM peak GFLOP/s: {peaks}"
+    )
+
+
+SHARE_BEGIN, SHARE_END = "<!-- gemm-share:begin -->", "<!-- gemm-share:end -->"
+
+
+def shares_section(runs: dict[str, dict]) -> str:
+    """docs/benchmarks.md's share table between its markers, from `linvit bench` JSON per dtype ({dtype: bench.json
+    content}): per model, each dtype's latency, achieved GFLOP/s and share of that dtype's GEMM peak, measured in the
+    same run; the machine, threads, settings and note from the records."""
+    dtypes = list(runs)
+    models = list(dict.fromkeys(p["model"] for run in runs.values() for p in run["points"]))
+    head = ["model @ res"] + [f"{d} {col}" for d in dtypes for col in ("ms", "GFLOP/s", "share of GEMM peak")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model in models:
+        points = {d: next((p for p in runs[d]["points"] if p["model"] == model), None) for d in dtypes}
+        res = next(p["res"] for p in points.values() if p)
+        cells = [f"`{model}` @ {res}"]
+        for p in points.values():
+            if not p or p["status"] != "ok":
+                cells += [p["status"] if p else "-", "-", "-"]
+                continue
+            share = "-" if p.get("peak_share") is None else f"{p['peak_share']:.0%}"
+            cells += [f"{p['latency_ms']:,.0f}", _fmt(p.get("gflops_per_s")), share]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [""]
+    for dtype, run in runs.items():
+        notes.append(
+            f"- {dtype}: {machine_line(run.get('machine') or {})}; `{run.get('script') or run.get('command')}`"
+        )
+        if run.get("note"):
+            notes.append(f"  {run['note']}")
+    return "\n".join([SHARE_BEGIN, *lines, *notes, SHARE_END])

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from tqdm import tqdm
 
+from .machine import cpu_info, thread_env
 from .meters import rss_bytes
 from .report import series_label
 
@@ -21,31 +22,30 @@ def run_point(spec: dict, timeout: float | None = None, mem_limit_gb: float | No
     """Measure spec in a fresh interpreter; failures come back as status oom / timeout / error.
 
     On CPU a watcher thread polls the child's resident set and kills it past ``mem_limit_gb``
-    (recorded as ``oom``); on CUDA the child caps its allocator at the same amount.
+    (recorded as ``oom``); on CUDA the child caps its allocator at the same amount. Every record names the CPU,
+    its matrix extensions and the threads (the worker's own count; a failed point's, the count it was given).
     """
     spec = {**spec, "mem_limit_gb": mem_limit_gb}
+    host = {**cpu_info(), "threads": spec.get("threads") or _default_threads()}
+    return {**host, **run_worker("linvit.bench.point", spec, timeout, mem_limit_gb)}
+
+
+def run_worker(module: str, spec: dict, timeout: float | None = None, mem_limit_gb: float | None = None) -> dict:
+    """``python -m module SPEC_JSON RESULT_JSON`` in a fresh interpreter with spec["threads"] in its environment;
+    its result, or spec with status oom / timeout / error. A runtime or a meter is one such worker module."""
     with tempfile.TemporaryDirectory() as tmp:
         result_path = os.path.join(tmp, "result.json")
         log_path = os.path.join(tmp, "stderr.txt")
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "linvit.bench.point", json.dumps(spec), result_path],
+                [sys.executable, "-m", module, json.dumps(spec), result_path],
                 stdout=subprocess.DEVNULL,
                 stderr=log,
+                env=thread_env(spec.get("threads")),
             )
         over_limit = threading.Event()
         if mem_limit_gb and spec.get("device", "cpu") == "cpu":
-            limit = mem_limit_gb * 2**30
-
-            def watch() -> None:
-                while proc.poll() is None:
-                    if rss_bytes(proc.pid) > limit:
-                        over_limit.set()
-                        proc.kill()
-                        return
-                    time.sleep(0.01)
-
-            threading.Thread(target=watch, daemon=True).start()
+            _watch_memory(proc, mem_limit_gb * 2**30, over_limit)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -61,6 +61,49 @@ def run_point(spec: dict, timeout: float | None = None, mem_limit_gb: float | No
             tail = f.read().strip().splitlines()[-1:] or [""]
         status = "oom" if proc.returncode == -9 else "error"  # SIGKILL without our watcher: the kernel OOM killer
         return {**spec, "status": status, "reason": f"exit code {proc.returncode}: {tail[0][:300]}"}
+
+
+def _watch_memory(proc: subprocess.Popen, limit: float, over_limit: threading.Event) -> None:
+    """Kill proc from a daemon thread once its resident set passes limit bytes, setting over_limit."""
+
+    def watch() -> None:
+        while proc.poll() is None:
+            if rss_bytes(proc.pid) > limit:
+                over_limit.set()
+                proc.kill()
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _default_threads() -> int:
+    """The threads a worker given none starts with: this process's count (the same environment)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+def measure_machine(
+    device: str, threads: int | None, dtypes: Iterable[str], timeout: float | None = 300, **peak
+) -> dict:
+    """The run's machine record (CPU, extensions, threads, GEMM peak per dtype), measured by a worker like the
+    points' (same environment and threads); a failure comes back as its status and reason. ``peak``: window_s,
+    best_of (machine.gemm_peak)."""
+    spec = {"device": device, "threads": threads, "dtypes": list(dict.fromkeys(dtypes)), **peak}
+    return run_worker("linvit.bench.machine", spec, timeout)
+
+
+def with_shares(records: list[dict], machine: dict | None) -> list[dict]:
+    """Each ok point with its dtype's GEMM peak and the share of it the point achieved (FLOPs / latency)."""
+    gemm = (machine or {}).get("gemm") or {}
+    out = []
+    for r in records:
+        peak = (gemm.get(r.get("dtype")) or {}).get("gflops_per_s")
+        achieved = r.get("gflops_per_s") if r.get("status") == "ok" else None
+        share = achieved / peak if achieved is not None and peak else None
+        out.append({**r, "gemm_peak_gflops_per_s": peak, "peak_share": share})
+    return out
 
 
 def sweep(
