@@ -541,6 +541,15 @@ def _add_distill_command(sub: argparse._SubParsersAction) -> None:
         help="the converted layers' first discount (default: 0.5 for katz_infsa, at softmax's scale; else 0.9)",
     )
     p.add_argument(
+        "--feature-dim", type=POSITIVE, default=None, help="a learned feature map's size f (hedgehog; default head dim)"
+    )
+    p.add_argument(
+        "--window",
+        type=POSITIVE,
+        default=None,
+        help="causal LMs: exact softmax over the last W tokens, the mixer over older ones (default: no window)",
+    )
+    p.add_argument(
         "--stages",
         choices=["both", "attention", "end-to-end"],
         default="both",

@@ -87,12 +87,16 @@ class ConversionReport:
     exclude: list[str] | None
     converted: list[ConvertedModule] = field(default_factory=list)
     skipped: list[SkippedModule] = field(default_factory=list)
+    window: int | None = None  # causal language models: exact softmax over the last window tokens (hybrid)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def __str__(self) -> str:
-        lines = [f"converted {len(self.converted)} attention layers to {self.variant} (gamma_init {self.gamma_init})"]
+        window = f", window {self.window}" if self.window is not None else ""
+        lines = [
+            f"converted {len(self.converted)} attention layers to {self.variant} (gamma_init {self.gamma_init}{window})"
+        ]
         lines += [f"  {c.name}: {c.source}, {c.heads} heads, width {c.width}" for c in self.converted]
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)}:")
@@ -202,6 +206,7 @@ def convert(
     copy_weights: bool = True,
     linear_variant: str = "release",
     feature_dim: int | None = None,
+    window: int | None = None,
 ) -> nn.Module:
     """Convert the model's attention layers to InfSA in place and return the model.
 
@@ -223,6 +228,9 @@ def convert(
         linear_variant: Linear-InfSA's score map ("release", or a stabilised form: docs/spec/infsa.md 3.1);
             the same as "linear_infsa:NAME".
         feature_dim: a learned feature map's size f (2 f features per head; default the head dim).
+        window: causal language models under katz_infsa or linear_attention (any feature map): exact softmax
+            over the last ``window`` tokens, the form over every older one, one normaliser (ops.window_causal;
+            docs/spec/infsa.md 4.3). Converting again with another window applies it; None: no window.
 
     Raises:
         ValueError naming the module when a recognised attention cannot be converted (unknown heads,
@@ -241,14 +249,19 @@ def convert(
         learned = ", ".join(f for f in FORMS if f.partition(":")[2] in LEARNED_FEATURE_MAPS)
         raise UsageError(f"feature_dim sizes a learned feature map ({learned}); {variant!r} has none")
     check_feature_map(feature_map or "relu", feature_dim)
+    check_window(window)
     include, exclude = _patterns(include), _patterns(exclude)
     adapters = _chosen_adapters(target_types)
-    report = ConversionReport(variant, gamma_init, include, exclude)
+    report = ConversionReport(variant, gamma_init, include, exclude, window=window)
     language = _language_model_layers(model, adapters, include, exclude, report)
     if language:
-        model = convert_language_model(model, base, gamma_init, language, report, feature_map, feature_dim)
+        model = convert_language_model(model, base, gamma_init, language, report, feature_map, feature_dim, window)
         model.linvit_conversion = report
         return model
+    if window is not None:
+        raise UsageError(
+            f"window= is for causal language models: {type(model).__name__} is not a causal language model"
+        )
 
     def build(weights: AttentionWeights) -> nn.Module:
         return build_layer(base, weights, gamma_init, copy_weights, linear_variant, feature_map, feature_dim)
@@ -264,6 +277,12 @@ def convert(
     mark_converted(model, record, gamma_init, include, exclude, linear_variant, feature_dim)  # timm reloads it
     model.linvit_conversion = report
     return model
+
+
+def check_window(window) -> None:
+    """window is None or a positive whole number of tokens (one line otherwise)."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise UsageError(f"window must be a positive whole number of tokens, got {window!r}")
 
 
 def _chosen_adapters(target_types) -> dict:
@@ -345,12 +364,15 @@ def _disable_fused_encoders(model: nn.Module) -> None:
                 m.use_nested_tensor = False
 
 
-def convert_if_asked(model: nn.Module, variant: str | None, gamma_init: float = 0.9) -> dict | None:
+def convert_if_asked(
+    model: nn.Module, variant: str | None, gamma_init: float = 0.9, feature_dim: int | None = None, window=None
+) -> dict | None:
     """The commands' --convert: convert in place when a variant is given; the report as a dict for the run's
     metadata (None when nothing was asked). The model must hold its attention layers below the top level."""
     if variant is None:
         return None
-    report = convert_report(convert(model, variant, gamma_init=gamma_init))  # "katz_infsa:hedgehog" and the like
+    converted = convert(model, variant, gamma_init=gamma_init, feature_dim=feature_dim, window=window)
+    report = convert_report(converted)  # "katz_infsa:hedgehog" and the like
     return report.to_dict()
 
 

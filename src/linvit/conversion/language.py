@@ -69,7 +69,7 @@ def register_attention(name: str, attention) -> None:
 
 
 def convert_language_model(
-    model: nn.Module, variant: str, gamma_init: float, modules, report, feature_map=None, feature_dim=None
+    model: nn.Module, variant: str, gamma_init: float, modules, report, feature_map=None, feature_dim=None, window=None
 ) -> nn.Module:
     """Select pure InfSA or causal Katz-InfSA (with learned feature maps for feature_map "hedgehog") for every
     interface attention layer of a transformers model (see the module doc)."""
@@ -84,6 +84,9 @@ def convert_language_model(
         # its hooks, state and feature maps are the other form's
         raise UsageError(f"this model is already converted ({current}): convert its softmax original to {asked}")
     causal = is_causal_model(model, modules)
+    if window is not None and not (causal and variant in ("katz_infsa", "linear_attention")):
+        what = "is not a causal language model" if not causal else f"under {variant} has no causal state to window"
+        raise UsageError(f"window= is for causal Katz-InfSA and linear attention: {type(model).__name__} {what}")
     if variant in ("katz_infsa", "linear_attention") and causal:
         from . import language_katz
 
@@ -92,6 +95,8 @@ def convert_language_model(
         attention = language_katz.katz_causal_attention if katz else language_katz.linear_causal_attention
         register_attention(name, attention)
         language_katz.add_feature_maps(modules, feature_map, feature_dim)
+        for _, module in modules:  # the sliding-window hybrid (ops.window_causal); a new window replaces the old
+            module.infsa_window = window
         _add_discounts(model, modules, gamma_init if katz else None, report, language_katz.install_state_layer)
         model.set_attn_implementation(name)
         return model

@@ -25,6 +25,7 @@ from ..layers.feature_maps import LEARNED_FEATURE_MAPS, query_and_key_maps
 from ..ops.common import accumulation_dtype
 from ..ops.katz_causal import FEATURES, CausalKatzState, causal_katz_chunked, causal_katz_recurrent
 from ..ops.linear_causal import causal_linear_chunked, causal_linear_recurrent
+from ..ops.window_causal import window_causal_chunked, window_causal_recurrent
 
 ATTENTION_NAME = "linvit_katz_infsa"
 LINEAR_ATTENTION_NAME = "linvit_linear_attention"
@@ -73,8 +74,8 @@ class KatzStateLayer(CacheLayerMixin):
         return -1
 
     def _apply(self, fn) -> None:
-        if self.state is not None:
-            self.state = CausalKatzState(*(fn(t) for t in self.state))
+        if self.state is not None:  # a CausalKatzState, or the sliding-window hybrid's WindowState
+            self.state = type(self.state)(*(None if t is None else fn(t) for t in self.state))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -199,7 +200,7 @@ def katz_causal_attention(module, query, key, value, attention_mask, scaling=Non
         form = causal_katz_recurrent if recurrent else causal_katz_chunked
         return form(query, key, value, gamma, EPS, kernel, **state)
 
-    return _stateful_attention(module, query, key, value, attention_mask, dropout, kwargs, forms)
+    return _stateful_attention(module, query, key, value, attention_mask, dropout, kwargs, forms, scaling)
 
 
 def linear_causal_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -212,7 +213,7 @@ def linear_causal_attention(module, query, key, value, attention_mask, scaling=N
         form = causal_linear_recurrent if recurrent else causal_linear_chunked
         return form(query, key, value, EPS, kernel, **state)
 
-    return _stateful_attention(module, query, key, value, attention_mask, dropout, kwargs, forms)
+    return _stateful_attention(module, query, key, value, attention_mask, dropout, kwargs, forms, scaling)
 
 
 def _softmax(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
@@ -221,9 +222,11 @@ def _softmax(module, query, key, value, attention_mask, scaling, dropout, **kwar
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
 
 
-def _stateful_attention(module, query, key, value, attention_mask, dropout, kwargs, forms):
+def _stateful_attention(module, query, key, value, attention_mask, dropout, kwargs, forms, scaling=None):
     """The new tokens through forms(q, k, v, recurrent, kernel, state=, key_mask=, resets=) -> (out, state), with
-    grouped heads repeated, learned feature maps applied, the mask read and the cache slot's state carried."""
+    grouped heads repeated, learned feature maps applied, the mask read and the cache slot's state carried. A
+    layer with a window (infsa_window, linvit.convert's window=) runs the sliding-window hybrid instead
+    (ops.window_causal: softmax at the layer's scaling over the last W tokens, this form over the older ones)."""
     from .language import _repeat_heads
 
     heads, q_len = query.shape[1], query.shape[2]
@@ -231,6 +234,9 @@ def _stateful_attention(module, query, key, value, attention_mask, dropout, kwar
     if key.shape[2] != q_len:
         raise UsageError("causal Katz-InfSA got cached keys: its cache keeps a state, not keys (use a DynamicCache)")
     key, value = _repeat_heads(key, heads), _repeat_heads(value, heads)
+    window = getattr(module, "infsa_window", None)
+    if window is not None:
+        forms = _window_forms(module, window, scaling, query, key)
     kernel = FEATURES
     if hasattr(module, "infsa_feature_q"):  # learned maps: their outputs are the features
         query, key, kernel = module.infsa_feature_q(query), module.infsa_feature_k(key), "identity"
@@ -239,6 +245,22 @@ def _stateful_attention(module, query, key, value, attention_mask, dropout, kwar
     recurrent = state is not None and q_len == 1
     out, state = forms(query, key, value, recurrent, kernel, state=state, key_mask=keep, resets=resets)
     if slot is not None:
-        slot.state = CausalKatzState(*(t.detach() for t in state))
+        slot.state = type(state)(*(None if t is None else t.detach() for t in state))
     out = nn.functional.dropout(out, dropout, training=module.training and dropout > 0)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _window_forms(module, window: int, scaling, raw_query, raw_key):
+    """forms() of the sliding-window hybrid: the softmax reads the raw queries and keys, the older tokens the
+    features forms() is handed (a learned map's, or ELU + 1 of the raw ones); Katz's discount where the layer
+    has one (None: linear attention)."""
+
+    def forms(query, key, value, recurrent: bool, kernel: str, **state):
+        gamma = (
+            torch.sigmoid(module.infsa_theta.to(accumulation_dtype(query))) if hasattr(module, "infsa_theta") else None
+        )
+        features = (query, key) if kernel == "identity" else None
+        form = window_causal_recurrent if recurrent else window_causal_chunked
+        return form(raw_query, raw_key, value, window, gamma=gamma, scale=scaling, features=features, eps=EPS, **state)
+
+    return forms

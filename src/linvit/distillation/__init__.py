@@ -28,7 +28,7 @@ def rebuild_student(args: dict) -> nn.Module:
     """A distilled student's architecture (no weights) from its run's stored config: for linvit.load_run."""
     config = DistillConfig.from_mapping(args)
     teacher = load_teacher(config.teacher, None, False, config.model_kwargs, config.img_size)
-    return make_student(teacher.model, config.mixer, config.gamma_init)
+    return make_student(teacher.model, config.mixer, config.gamma_init, config.feature_dim, config.window)
 
 
 __all__ = [

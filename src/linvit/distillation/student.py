@@ -15,10 +15,13 @@ from ..errors import UsageError
 from .transfer import layer_pairs
 
 
-def make_student(teacher: nn.Module, mixer: str, gamma_init: float = 0.9) -> nn.Module:
-    """A deep copy of the teacher with every attention layer converted to mixer (linvit.convert's variants)."""
+def make_student(
+    teacher: nn.Module, mixer: str, gamma_init: float = 0.9, feature_dim: int | None = None, window: int | None = None
+) -> nn.Module:
+    """A deep copy of the teacher with every attention layer converted to mixer (linvit.convert's variants, its
+    feature_dim and, for causal language models, its sliding window)."""
     student = copy.deepcopy(teacher).requires_grad_(True)
-    convert_if_asked(student, mixer, gamma_init)
+    convert_if_asked(student, mixer, gamma_init, feature_dim, window)
     return student
 
 

@@ -62,6 +62,8 @@ class DistillConfig(TrainConfig):
     model_kwargs: dict = dataclasses.field(default_factory=dict)
     mixer: str = DEFAULT_MIXER
     gamma_init: float | None = None  # None: 0.5 for Katz-InfSA, else linvit.convert's 0.9 (default_gamma)
+    feature_dim: int | None = None  # a learned map's size f (katz_infsa:hedgehog; None: the head dim)
+    window: int | None = None  # causal LMs: exact softmax over the last W tokens (linvit.convert's window=)
     stages: str = "both"
     transfer_epochs: int = 1
     transfer_lr: float = 1e-3
@@ -151,7 +153,7 @@ class Distillation(Task):
         self.teacher = teacher = load_teacher(
             config.teacher, config.teacher_file, config.pretrained, config.model_kwargs, config.img_size
         )
-        student = make_student(teacher.model, config.mixer, config.gamma_init)
+        student = make_student(teacher.model, config.mixer, config.gamma_init, config.feature_dim, config.window)
         if self.start_weights is not None:
             load_weights(student, self.start_weights)
         pairs = layer_pairs(teacher.model, student)
@@ -356,6 +358,6 @@ def run_distill(config: DistillConfig) -> nn.Module:
     if is_sharded(teacher):  # FSDP modules cannot be copied: the student's shape from a fresh teacher
         spec = (config.teacher, config.teacher_file, config.pretrained, config.model_kwargs, config.img_size)
         teacher = load_teacher(*spec).model
-    student = make_student(teacher.cpu(), config.mixer, config.gamma_init)
+    student = make_student(teacher.cpu(), config.mixer, config.gamma_init, config.feature_dim, config.window)
     load_weights(student, start)
     return student.eval()

@@ -63,6 +63,15 @@ def causal_linear_chunked(
 def _chunk(fq, fk, v, eps, S, z, document, state_document):
     """One chunk: document (B, C) each token's packed document (None: one document), state_document (B,) the
     state's. A token reads the state only within its document; the state after holds the last document's keys."""
+    numerator, denominator, S, z, last = pooled_chunk(fq, fk, v, S, z, document, state_document)
+    return numerator / (denominator + eps), S, z, last
+
+
+def pooled_chunk(fq, fk, v, S, z, document, state_document, key_document=None):
+    """The unnormalised rows of one chunk, phi(q_i) sum_j phi(k_j) v_j^T and phi(q_i) . sum_j phi(k_j) over the
+    keys j <= i of query i's document (the state's too where its document is the state's), and the state after
+    the chunk. key_document (B, C): the keys' documents where they differ from the queries' (document), as in
+    the sliding-window hybrid's delayed keys (ops.window_causal)."""
     dtype = fq.dtype
     C = fq.shape[-2]
     if document is None:
@@ -70,16 +79,17 @@ def _chunk(fq, fk, v, eps, S, z, document, state_document):
         carried, kept, tail = 1.0, 1.0, fk
         last = state_document
     else:
-        within = torch.tril(document[:, :, None] == document[:, None, :])[:, None]
+        keys = document if key_document is None else key_document
+        within = torch.tril(document[:, :, None] == keys[:, None, :])[:, None]
         carried = (document == state_document[:, None]).to(dtype)[:, None, :, None]
-        last = document[:, -1]
-        tail = fk * (document == last[:, None]).to(dtype)[:, None, :, None]
+        last = keys[:, -1]
+        tail = fk * (keys == last[:, None]).to(dtype)[:, None, :, None]
         kept = (last == state_document).to(dtype)[:, None, None]
     scores = (fq @ fk.transpose(-2, -1)) * within.to(dtype)
-    n = scores.sum(-1, keepdim=True) + carried * (fq * z.unsqueeze(-2)).sum(-1, keepdim=True) + eps
-    out = (scores @ v + carried * (fq @ S)) / n
+    denominator = scores.sum(-1, keepdim=True) + carried * (fq * z.unsqueeze(-2)).sum(-1, keepdim=True)
+    numerator = scores @ v + carried * (fq @ S)
     kept_s = kept if isinstance(kept, float) else kept[..., None]
-    return out, kept_s * S + tail.transpose(-2, -1) @ v, kept * z + tail.sum(-2), last
+    return numerator, denominator, kept_s * S + tail.transpose(-2, -1) @ v, kept * z + tail.sum(-2), last
 
 
 def causal_linear_recurrent(

@@ -1,0 +1,329 @@
+"""The sliding-window hybrid (issue 44.2): exact softmax over the last W tokens, causal Katz-InfSA or linear
+attention over the older ones, one normaliser. The op against a float64 dense N x N reference written from the
+definition; causality, padding, packed documents, a decode state that does not grow; and through
+linvit.convert(window=) in GPT-2 and Llama: cached decoding, generate() greedy and beam, refusals, distill."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import linvit
+from linvit.layers.feature_maps import HedgehogFeatureMap
+from linvit.ops.katz_causal import causal_katz_dense
+from linvit.ops.window_causal import window_causal_chunked, window_causal_recurrent
+
+VOCAB = 61
+
+
+def _elu1(t: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.elu(t.double() / t.shape[-1] ** 0.5) + 1
+
+
+def _dense_reference(q, k, v, window, gamma=None, keep=None, resets=None):
+    """The N x N weights written out in float64: exp(q.k / sqrt(d)) for j in (t - W, t], phi(q).phi(k) for
+    j <= t - W (both only within t's document and over kept keys), one row sum; older keys bring v (linear
+    attention) or v + O, O the causal Katz output (gamma given)."""
+    B, _, N, d = q.shape
+    q, k, v = q.double(), k.double(), v.double()
+    keep = torch.ones(B, N, dtype=torch.bool) if keep is None else keep
+    documents = torch.cumsum(resets.long(), -1) if resets is not None else torch.zeros(B, N, dtype=torch.long)
+    t, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    visible = ((documents[:, :, None] == documents[:, None, :]) & keep[:, None, :])[:, None]
+    soft = torch.where(visible & (j <= t) & (j > t - window), torch.exp(q @ k.transpose(-2, -1) / d**0.5), 0.0)
+    older = torch.where(visible & (j <= t - window), _elu1(q) @ _elu1(k).transpose(-2, -1), 0.0)
+    x = v
+    if gamma is not None:
+        x = v + causal_katz_dense(q, k, v, gamma, feature_map="elu+1", key_mask=keep, resets=resets)
+    return (soft @ v + older @ x) / (soft.sum(-1, keepdim=True) + older.sum(-1, keepdim=True))
+
+
+def _qkv(B=2, H=3, N=23, d=4, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, N, d, generator=g, dtype=dtype) for _ in range(3)]
+
+
+FORMS = {"linear": None, "katz": 0.7}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("window", [1, 3, 8, 23, 40])
+def test_the_op_equals_the_dense_float64_reference_in_every_form(window, form):
+    """Chunked (chunks of 5: windows cross chunks), recurrent, and a prompt continued token by token."""
+    q, k, v = _qkv()
+    gamma = FORMS[form]
+    expected = _dense_reference(q, k, v, window, gamma)
+    chunked, _ = window_causal_chunked(q, k, v, window, gamma=gamma, chunk_size=5)
+    recurrent, _ = window_causal_recurrent(q, k, v, window, gamma=gamma)
+    head, state = window_causal_chunked(q[:, :, :10], k[:, :, :10], v[:, :, :10], window, gamma=gamma, chunk_size=4)
+    tail, _ = window_causal_recurrent(q[:, :, 10:], k[:, :, 10:], v[:, :, 10:], window, gamma=gamma, state=state)
+    for out in (chunked, recurrent, torch.cat([head, tail], dim=2)):
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_a_window_as_long_as_the_sequence_is_exact_causal_softmax(form):
+    q, k, v = _qkv()
+    N, d = q.shape[2], q.shape[3]
+    scores = (q @ k.transpose(-2, -1)) / d**0.5
+    softmax = scores.masked_fill(torch.ones(N, N, dtype=torch.bool).triu(1), float("-inf")).softmax(-1) @ v
+    for window in (N, N + 7):
+        out, _ = window_causal_chunked(q, k, v, window, gamma=FORMS[form], chunk_size=6)
+        torch.testing.assert_close(out, softmax, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_padding_and_packed_documents_follow_the_reference(form):
+    """Left padding removes keys from both parts; a document start empties the state and bounds the window."""
+    q, k, v = _qkv()
+    B, H, N, _ = q.shape
+    keep = torch.ones(B, N, dtype=torch.bool)
+    keep[0, :3] = False
+    resets = torch.zeros(B, N, dtype=torch.bool)
+    resets[0, 7], resets[1, 15], resets[1, 16] = True, True, True
+    rows = keep[:, None, :].expand(B, H, N)
+    for window in (1, 4, 9):
+        expected = _dense_reference(q, k, v, window, FORMS[form], keep, resets)
+        for run in (window_causal_chunked, window_causal_recurrent):
+            out, _ = run(q, k, v, window, gamma=FORMS[form], key_mask=keep, resets=resets)
+            torch.testing.assert_close(out[rows], expected[rows], rtol=1e-10, atol=1e-12)
+            assert torch.equal(out[~rows], torch.zeros_like(out[~rows]))  # a padded query sees no key: 0
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_no_future_token_reaches_an_earlier_output(form):
+    q, k, v = _qkv(dtype=torch.float32, N=40)
+    before, _ = window_causal_chunked(q, k, v, 6, gamma=FORMS[form], chunk_size=16)
+    for t in (39, 20):
+        q2, k2, v2 = (x.clone() for x in (q, k, v))
+        for x in (q2, k2, v2):
+            x[:, :, t] += 3.0
+        after, _ = window_causal_chunked(q2, k2, v2, 6, gamma=FORMS[form], chunk_size=16)
+        assert torch.equal(after[:, :, :t], before[:, :, :t])
+        assert not torch.equal(after[:, :, t], before[:, :, t])
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_the_decode_state_does_not_grow_with_the_context(form):
+    sizes = []
+    for n in (256, 1024):
+        q, k, v = _qkv(B=1, H=2, N=n, d=8, dtype=torch.float32)
+        _, state = window_causal_chunked(q, k, v, 16, gamma=FORMS[form])
+        sizes.append(sum(t.numel() for t in state if t is not None))
+    assert sizes[0] == sizes[1]
+
+
+def test_learned_feature_maps_get_gradients_through_both_parts():
+    q, k, v = (t.float().requires_grad_(True) for t in _qkv(N=30))
+    maps = HedgehogFeatureMap(3, 4), HedgehogFeatureMap(3, 4)
+    out, _ = window_causal_chunked(q, k, v, 5, gamma=torch.full((3,), 0.6), features=(maps[0](q), maps[1](k)))
+    out.square().sum().backward()
+    for t in (maps[0].weight.grad, maps[1].weight.grad, q.grad, k.grad, v.grad):
+        assert t is not None and torch.isfinite(t).all() and t.abs().sum() > 0
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_float16_stays_finite_on_a_head_whose_scores_are_all_zero(form):
+    q, k, v = (t.half() for t in _qkv(dtype=torch.float32, N=50))
+    q[:, 0] = 0  # head 0: every score 0, every feature ELU + 1 (0) = 1
+    k[:, 1] = -60  # head 1: scores of +-150 (exp(-f) of a frame far below 0 overflowed: 0 x inf = NaN)
+    out, _ = window_causal_chunked(q, k, v, 8, gamma=FORMS[form], chunk_size=16)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    expected = _dense_reference(q.double(), k.double(), v.double(), 8, FORMS[form])
+    # head 1's ELU + 1 features of -30 are 1e-13 in float64 but 0 in float32 (1 - 1): compared on heads 0 and 2
+    torch.testing.assert_close(out.double()[:, 0::2], expected[:, 0::2], rtol=1e-2, atol=1e-2)
+
+
+def test_a_state_of_another_shape_is_refused_in_one_line():
+    q, k, v = _qkv()
+    _, state = window_causal_chunked(q, k, v, 4)
+    with pytest.raises(ValueError, match="does not fit window 5"):
+        window_causal_chunked(q, k, v, 5, state=state)
+    with pytest.raises(ValueError, match="window must be a positive"):
+        window_causal_chunked(q, k, v, 0)
+
+
+# ---- causal language models (transformers) ----
+
+
+def _model(family: str, form: str, window: int | None, positions: int = 512):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=positions)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            max_position_embeddings=positions,
+        )
+        model = transformers.LlamaForCausalLM(config)
+    model.eval().generation_config.pad_token_id = 0
+    return model if form is None else linvit.convert(model, form, gamma_init=0.8, window=window)
+
+
+LM_FORMS = ["katz_infsa", "katz_infsa:hedgehog", "linear_attention:hedgehog"]
+
+
+def _left_padded(lengths, total, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(len(lengths), total, dtype=torch.long)
+    mask = torch.zeros(len(lengths), total, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, total - n :] = torch.randint(1, VOCAB, (n,), generator=g)
+        mask[row, total - n :] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("form", LM_FORMS)
+def test_cached_decoding_equals_the_full_forward_over_300_tokens(form, family):
+    """A left-padded batch of 2: a 300-token prompt in one call, then 6 tokens one by one from the cache (the
+    ring and the states), each step's logits equal to one forward over everything, within 1e-5."""
+    model = _model(family, form, window=16)
+    ids, mask = _left_padded([306, 290], 306)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    transformers = pytest.importorskip("transformers")
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        steps = [model(ids[:, :300], attention_mask=mask[:, :300], position_ids=positions[:, :300], cache=cache).logits]
+        for t in range(300, 306):
+            kw = dict(attention_mask=mask[:, : t + 1], position_ids=positions[:, t : t + 1], cache=cache)
+            steps.append(model(ids[:, t : t + 1], **kw).logits)
+    keep = mask.bool()
+    torch.testing.assert_close(torch.cat(steps, dim=1)[keep], full[keep], rtol=1e-5, atol=1e-5)
+    assert type(cache.layers[0].state).__name__ == "WindowState"
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_window_longer_than_the_text_gives_the_softmax_teacher(family):
+    teacher = _model(family, None, None)
+    ids = torch.randint(1, VOCAB, (2, 30), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = teacher(ids).logits
+        student = linvit.convert(teacher, "katz_infsa:hedgehog", gamma_init=0.8, window=30)
+        torch.testing.assert_close(student(ids, use_cache=False).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("form", ["katz_infsa", "linear_attention"])
+def test_generate_greedy_and_beam_equal_the_run_without_a_cache(form, family):
+    model = _model(family, form, window=4)
+    ids, mask = _left_padded([12, 7], 12)
+    for beams in (1, 3):
+        kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, num_beams=beams)
+        assert torch.equal(model.generate(ids, **kw), model.generate(ids, use_cache=False, **kw))
+
+
+def test_the_ring_follows_beam_search_reorders():
+    transformers = pytest.importorskip("transformers")
+    model = _model("llama", "katz_infsa", window=3)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(5))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        cache.reorder_cache(torch.tensor([1, 1]))
+        step = model(ids[:, :1], cache=cache, use_cache=True).logits[:, -1]
+        full = model(torch.cat([ids[[1, 1]], ids[:, :1]], dim=1), use_cache=False).logits[:, -1]
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["katz_infsa", "linear_attention"])
+def test_packed_documents_each_equal_the_document_alone(form):
+    """Padding-free packing (position ids restarting): the window does not reach into the document before."""
+    model = _model("llama", form, window=8)
+    g = torch.Generator().manual_seed(5)
+    docs = [torch.randint(1, VOCAB, (1, n), generator=g) for n in (40, 50, 30)]
+    ids = torch.cat(docs, dim=1)
+    positions = torch.cat([torch.arange(d.shape[1]) for d in docs])[None]
+    with torch.no_grad():
+        packed = model(ids, position_ids=positions, use_cache=False).logits
+        start = 0
+        for doc in docs:
+            alone = model(doc, use_cache=False).logits
+            torch.testing.assert_close(packed[:, start : start + doc.shape[1]], alone, rtol=1e-5, atol=1e-5)
+            start += doc.shape[1]
+
+
+def test_the_decode_state_of_a_model_is_the_same_size_at_256_and_1024_tokens():
+    transformers = pytest.importorskip("transformers")
+    model = _model("llama", "katz_infsa:hedgehog", window=16, positions=1100)
+    sizes = []
+    for n in (256, 1024):
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(torch.randint(1, VOCAB, (1, n)), cache=cache)
+        sizes.append(sum(t.numel() for layer in cache.layers for t in layer.state if t is not None))
+    assert sizes[0] == sizes[1]
+
+
+def test_gradients_reach_the_learned_maps_of_a_windowed_model():
+    model = _model("gpt2", "katz_infsa:hedgehog", window=4)
+    model(torch.randint(1, VOCAB, (2, 20)), use_cache=False).logits.square().mean().backward()
+    layer = model.transformer.h[0].attn
+    for p in (layer.infsa_feature_q.weight, layer.infsa_feature_k.weight, layer.infsa_theta):
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+
+
+def test_converting_again_with_another_window_applies_it():
+    model = _model("gpt2", "katz_infsa", window=4)
+    ids = torch.randint(1, VOCAB, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        linvit.convert(model, "katz_infsa", gamma_init=0.8, window=9)
+        fresh = _model("gpt2", "katz_infsa", window=9)
+        torch.testing.assert_close(model(ids).logits, fresh(ids).logits)
+    assert linvit.convert_report(model).window == 9
+    assert {m.infsa_window for m in model.modules() if hasattr(m, "infsa_window")} == {9}
+
+
+def test_a_window_on_a_vision_model_or_a_form_without_state_is_refused_in_one_line():
+    import timm
+
+    vit = timm.create_model("vit_4l_patch16_224", depth=1, embed_dim=32, num_heads=2, num_classes=3)
+    with pytest.raises(ValueError, match="InfViT is not a causal language model") as err:
+        linvit.convert(vit, "katz_infsa", window=8)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="positive whole number"):
+        linvit.convert(vit, "katz_infsa", window=0)
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="under pure_infsa has no causal state"):
+        _model("gpt2", "pure_infsa", window=8)
+
+
+def test_distill_keeps_the_window_and_feature_dim_and_load_run_rebuilds_them(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from linvit.distillation import DistillConfig, run_distill
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=1, n_head=4)
+    config.bos_token_id = config.eos_token_id = 0
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")
+    run = DistillConfig(
+        teacher=f"hf:{tmp_path / 'gpt2'}",
+        data=str(tmp_path / "text.txt"),
+        output=str(tmp_path / "run"),
+        mixer="katz_infsa:hedgehog",
+        feature_dim=3,
+        window=5,
+        context=16,
+        epochs=1,
+        transfer_epochs=1,
+        workers=0,
+        device="cpu",
+        progress=False,
+        batch_size=4,
+    )
+    student = run_distill(run)
+    reloaded = linvit.load_run(tmp_path / "run")
+    layer = reloaded.transformer.h[0].attn
+    assert layer.infsa_window == 5 and layer.infsa_feature_q.weight.shape[-1] == 3
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, student(ids).logits)
