@@ -40,7 +40,8 @@ def train(data, out, *, strategy="fsdp", epochs=EPOCHS, batch=BATCH, extra=()) -
     """A flat learning rate (min = max, no warm-up): a resume that changes --epochs keeps every step's lr."""
     args = ["train", "--data", str(data), *MODEL, "--output", str(out), "--epochs", str(epochs)]
     args += ["--batch-size", str(batch), "--lr", "1e-3", "--min-lr", "1e-3", "--warmup-epochs", "0", "--img-size"]
-    return [*args, "32", *STILL, "--workers", "0", "--no-progress", "--device", "cpu", "--strategy", strategy, *extra]
+    args += ["32", *STILL, "--model-ema", "--model-ema-decay", "0.9"]  # the folder's weights: the sharded EMA's
+    return [*args, "--workers", "0", "--no-progress", "--device", "cpu", "--strategy", strategy, *extra]
 
 
 def distill(data, out, strategy: str) -> list[str]:
@@ -96,7 +97,7 @@ def test_fsdp_follows_ddp_step_for_step(runs):
     ddp, fsdp = metrics(out["ddp"]), metrics(out["fsdp"])
     assert len(ddp) == len(fsdp) == EPOCHS
     for a, b in zip(ddp, fsdp, strict=True):
-        for key in ("train_loss", "grad_norm", "grad_norm_max", "val_loss"):
+        for key in ("train_loss", "grad_norm", "grad_norm_max", "val_loss", "val_top1_ema"):
             assert b[key] == pytest.approx(a[key], rel=1e-5), (a["epoch"], key)
     assert ddp[-1]["train_loss"] < ddp[0]["train_loss"]  # it trained: the agreement is not two stuck runs
     assert_same_weights(out["ddp"], out["fsdp"])
@@ -134,8 +135,9 @@ def test_the_run_folder_loads_as_one_plain_model(runs):
     report = out["fsdp"] / "eval.json"
     args = ["eval", "--checkpoint", str(out["fsdp"]), "--data", str(data), "--workers", "0", "--device", "cpu"]
     assert cli_main([*args, "--no-progress", "--json", str(report)]) == 0
-    sharded_val = metrics(out["fsdp"])[-1]["val_loss"]  # what the sharded model scored, gathered
-    assert json.loads(report.read_text())["loss"] == pytest.approx(sharded_val, rel=1e-5)
+    sharded = metrics(out["fsdp"])[-1]  # what the sharded EMA scored in the run (gathered for evaluation)
+    scored = json.loads(report.read_text())
+    assert (scored["top1"], scored["top5"]) == (sharded["val_top1_ema"], sharded["val_top5_ema"])
 
 
 def test_a_sharded_checkpoint_of_another_model_is_one_line(runs, tmp_path, capsys):
