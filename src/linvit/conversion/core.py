@@ -230,7 +230,7 @@ def convert(
         feature_dim: a learned feature map's size f (2 f features per head; default the head dim).
         window: causal language models under katz_infsa or linear_attention (any feature map): exact softmax
             over the last ``window`` tokens, the form over every older one, one normaliser (ops.window_causal;
-            docs/spec/infsa.md 4.3). Converting again with another window applies it; None: no window.
+            docs/spec/infsa.md 4.2). Converting again with another window applies it; None: no window.
 
     Raises:
         ValueError naming the module when a recognised attention cannot be converted (unknown heads,

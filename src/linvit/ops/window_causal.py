@@ -1,4 +1,4 @@
-"""The sliding-window hybrid of causal language models (docs/spec/infsa.md 4.3): exact softmax over the last W
+"""The sliding-window hybrid of causal language models (docs/spec/infsa.md 4.2): exact softmax over the last W
 tokens, causal Katz-InfSA (or linear attention, LoLCATs' form) over every older token, one shared normaliser.
 
 Query t weighs a window key j in (t - W, t] by exp(s_tj), s_tj = q_t . k_j * scale, and an older key j <= t - W
