@@ -304,6 +304,12 @@ def _add_fit_args(p: argparse.ArgumentParser, *, epochs: int, lr, warmup_epochs:
         help="with torchrun: ddp (whole model per rank) or fsdp (parameters, gradients, optimizer sharded)",
     )
     group.add_argument(
+        "--shard-size",
+        type=POSITIVE,
+        default=None,
+        help="fsdp: shard within groups of this many ranks (say, one node), replicate across them (default: all)",
+    )
+    group.add_argument(
         "--grad-checkpointing", action="store_true", help="recompute each block in backward (less activation memory)"
     )
     _add_log_arg(group)

@@ -67,11 +67,13 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     data = root / "data"
     build_cluttered_mnist(data, canvas=32, per_class_train=4, per_class_val=2, clutter=1, progress=False)
-    out = {name: root / name for name in ("ddp", "fsdp", "two_to_one", "one_to_two", "distill_ddp", "distill_fsdp")}
+    names = ("ddp", "fsdp", "hsdp", "two_to_one", "one_to_two", "distill_ddp", "distill_fsdp")
+    out = {name: root / name for name in names}
     assert cli_main(train(data, out["one_to_two"], epochs=1, batch=2 * BATCH)) == 0
     commands = [
         train(data, out["ddp"], strategy="ddp"),
         train(data, out["fsdp"]),
+        train(data, out["hsdp"], extra=["--shard-size", "1"]),  # a replicate x shard mesh: 2 groups of 1
         train(data, out["two_to_one"], epochs=1),
         train(data, out["one_to_two"], extra=["--resume", "auto"]),
         distill(data, out["distill_ddp"], "ddp"),
@@ -92,16 +94,17 @@ def assert_same_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
         torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=atol, msg=key)
 
 
-def test_fsdp_follows_ddp_step_for_step(runs):
+@pytest.mark.parametrize("name", ["fsdp", "hsdp"])
+def test_fsdp_follows_ddp_step_for_step(runs, name):
     _, out, _ = runs
-    ddp, fsdp = metrics(out["ddp"]), metrics(out["fsdp"])
+    ddp, fsdp = metrics(out["ddp"]), metrics(out[name])
     assert len(ddp) == len(fsdp) == EPOCHS
     for a, b in zip(ddp, fsdp, strict=True):
         for key in ("train_loss", "grad_norm", "grad_norm_max", "val_loss", "val_top1_ema"):
             assert b[key] == pytest.approx(a[key], rel=1e-5), (a["epoch"], key)
     assert ddp[-1]["train_loss"] < ddp[0]["train_loss"]  # it trained: the agreement is not two stuck runs
-    assert_same_weights(out["ddp"], out["fsdp"])
-    assert (out["fsdp"] / "last" / ".metadata").is_file() and not (out["fsdp"] / "last.pth").exists()
+    assert_same_weights(out["ddp"], out[name])
+    assert (out[name] / "last" / ".metadata").is_file() and not (out[name] / "last.pth").exists()
     assert (out["ddp"] / "last.pth").is_file()
 
 
@@ -165,10 +168,13 @@ def test_a_damaged_sharded_checkpoint_is_one_line(runs, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "not a whole linvit sharded checkpoint" in err
 
 
-def test_fsdp_refuses_fp16_in_one_line(tmp_path):
-    config = ClassifyConfig(strategy="fsdp", amp="fp16")
+def test_what_fsdp_does_not_take_is_one_line():
     with pytest.raises(UsageError, match="bf16 or none"):
-        sharding.check_strategy(config)
+        sharding.check_strategy(ClassifyConfig(strategy="fsdp", amp="fp16"))
+    with pytest.raises(UsageError, match="add --strategy fsdp"):
+        sharding.check_strategy(ClassifyConfig(shard_size=2))
+    with pytest.raises(UsageError, match="must divide the world size 2"):
+        sharding.device_mesh(2, torch.device("cpu"), 3)
 
 
 def test_a_sharded_teacher_distills_the_same_student(runs):

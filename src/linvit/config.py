@@ -94,3 +94,4 @@ class TrainConfig(Config):
     log: str = "none"
     strategy: str = "ddp"  # ddp: the whole model on every rank; fsdp: sharded (linvit.engine.sharding)
     grad_checkpointing: bool = False
+    shard_size: int | None = None  # fsdp: ranks per shard group (None: all); more groups replicate (HSDP)

@@ -139,12 +139,9 @@ def start_run(task: Task, config: TrainConfig, rank: int, world: int, device: to
     pin = parts.pin_memory and device.type == "cuda"
     sampler, loader = train_loader(parts.train_set, config, rank, world, parts.collate_fn, pin)
     ema = task.build_ema(model, config)
-    model = sharding.prepare(model, config, world, device)  # before the optimizer: fsdp replaces the parameters
-    if sharding.is_sharded(model):
-        if ema is not None:
-            sharding.shard(ema.module, world, device, config.amp)
-        for frozen in task.frozen_models():
-            sharding.shard(frozen, world, device, config.amp, frozen=True)
+    companions = [ema.module] if ema is not None else []
+    # before the optimizer: fsdp replaces the parameters
+    model = sharding.prepare(model, config, world, device, companions, task.frozen_models())
     lr = task.learning_rate(config, world)
     optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr)
     run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)

@@ -27,7 +27,7 @@ METRICS = "metrics.jsonl"
 
 RUNTIME_FLAGS = frozenset(
     {"output", "resume", "progress", "workers", "device", "threads", "debug", "log", "compile", "amp", "deterministic"}
-    | {"strategy"}
+    | {"strategy", "shard_size"}
     | {"grad_checkpointing", "pretrained", "pretrained_file", "backbone_checkpoint"}
 )
 SCHEDULE_FLAGS = frozenset({"epochs", "lr", "base_lr", "min_lr", "warmup_lr", "warmup_epochs"})

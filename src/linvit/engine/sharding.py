@@ -26,6 +26,20 @@ def check_strategy(config) -> None:
         raise UsageError(f"--strategy {config.strategy}: choose one of {', '.join(STRATEGIES)}")
     if config.strategy == "fsdp" and config.amp == "fp16":
         raise UsageError("--strategy fsdp takes --amp bf16 or none (fp16 needs a sharded gradient scaler)")
+    if config.shard_size is not None and config.strategy != "fsdp":
+        raise UsageError(f"--shard-size {config.shard_size} is fsdp's: add --strategy fsdp")
+
+
+def device_mesh(world: int, device: torch.device, shard_size: int | None = None):
+    """All ranks in one shard group (1-D), or with --shard-size S a replicate x shard mesh of world / S groups
+    of S ranks (HSDP: sharded within a group, say a node; gradients all-reduced across the groups)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if shard_size is None or shard_size == world:
+        return init_device_mesh(device.type, (world,))
+    if shard_size < 1 or world % shard_size:
+        raise UsageError(f"--shard-size {shard_size} must divide the world size {world}")
+    return init_device_mesh(device.type, (world // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
 
 
 def set_grad_checkpointing(model: nn.Module) -> None:
@@ -58,14 +72,12 @@ def mixed_precision(amp: str):
     return MixedPrecisionPolicy()
 
 
-def shard(model: nn.Module, world: int, device: torch.device, amp: str = "none", frozen: bool = False) -> nn.Module:
+def shard(model: nn.Module, mesh, amp: str = "none", frozen: bool = False) -> nn.Module:
     """fully_shard on each block, then the root, over all ranks (a 1-D mesh). A frozen model (a teacher: no
     gradients, no optimizer state) shards the same way, but its root reshards after forward too, since no
     backward follows to do it. Returns the model (FSDP2 shards in place)."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (world,))
     policy = mixed_precision(amp)
     for block in reversed(blocks(model)):  # innermost first: a stage is sharded after its blocks
         fully_shard(block, mesh=mesh, mp_policy=policy)
@@ -73,15 +85,21 @@ def shard(model: nn.Module, world: int, device: torch.device, amp: str = "none",
     return model
 
 
-def prepare(model: nn.Module, config, world: int, device: torch.device) -> nn.Module:
+def prepare(model: nn.Module, config, world: int, device: torch.device, companions=(), frozen=()) -> nn.Module:
     """The model as the optimizer must see it: checkpointed blocks if asked, sharded under fsdp on >1 ranks
-    (one process has nothing to shard: it trains the plain model and writes the same sharded checkpoints)."""
+    (one process has nothing to shard: it trains the plain model and writes the same sharded checkpoints),
+    with its companions (an EMA copy) and the frozen models the task runs (a teacher) on the same mesh."""
     check_strategy(config)
     if config.grad_checkpointing:
         set_grad_checkpointing(model)
-    if config.strategy == "fsdp" and world > 1:
-        return shard(model, world, device, config.amp)
-    return model
+    if config.strategy != "fsdp" or world == 1:
+        return model
+    mesh = device_mesh(world, device, config.shard_size)
+    for other in companions:
+        shard(other, mesh, config.amp)
+    for other in frozen:
+        shard(other, mesh, config.amp, frozen=True)
+    return shard(model, mesh, config.amp)
 
 
 def is_sharded(model: nn.Module) -> bool:
