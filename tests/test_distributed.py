@@ -73,7 +73,8 @@ def runs(tmp_path_factory):
     commands = [
         train(data, out["ddp"], strategy="ddp"),
         train(data, out["fsdp"]),
-        train(data, out["hsdp"], extra=["--shard-size", "1"]),  # a replicate x shard mesh: 2 groups of 1
+        # a replicate x shard mesh (2 groups of 1), each block recomputed in backward
+        train(data, out["hsdp"], extra=["--shard-size", "1", "--grad-checkpointing"]),
         train(data, out["two_to_one"], epochs=1),
         train(data, out["one_to_two"], extra=["--resume", "auto"]),
         distill(data, out["distill_ddp"], "ddp"),
@@ -106,6 +107,16 @@ def test_fsdp_follows_ddp_step_for_step(runs, name):
     assert_same_weights(out["ddp"], out[name])
     assert (out[name] / "last" / ".metadata").is_file() and not (out[name] / "last.pth").exists()
     assert (out["ddp"] / "last.pth").is_file()
+
+
+def test_grad_checkpointing_needs_a_model_that_has_it():
+    with pytest.raises(UsageError, match="Linear has no set_grad_checkpointing"):
+        sharding.set_grad_checkpointing(torch.nn.Linear(2, 2))
+    model = timm.create_model("infvit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=32)
+    distiller = torch.nn.Module()
+    distiller.student = model
+    sharding.set_grad_checkpointing(distiller)  # the outermost module that has it: the student inside
+    assert model.grad_checkpointing
 
 
 def test_the_blocks_are_sharded_one_by_one():
