@@ -238,7 +238,9 @@ def _stateful_attention(module, query, key, value, attention_mask, dropout, kwar
     if window is not None:
         forms = _window_forms(module, window, scaling, query, key)
     kernel = FEATURES
-    if hasattr(module, "infsa_feature_q"):  # learned maps: their outputs are the features
+    if hasattr(module, "infsa_feature_q"):  # learned maps: their outputs are the features, kept in float32 (a
+        # feature's gradient carries the softmax's constant-sum direction: 1.4e5 on a tiny Qwen3, past float16)
+        query, key = (t.to(accumulation_dtype(t)) for t in (query, key))
         query, key, kernel = module.infsa_feature_q(query), module.infsa_feature_k(key), "identity"
     keep, resets = read_mask(attention_mask, q_len, kwargs.get("sliding_window"))
     state = slot.state if slot is not None else None
