@@ -192,7 +192,7 @@ def finish(task: Task, run: Run, run_info: dict) -> None:
     if not run.history:
         return
     model = task.final_model(run)
-    state = sharding.full_state_dict(model)  # collective when sharded: gathered to rank 0's CPU
+    state = sharding.full_state_dict(model) if sharding.is_sharded(model) else None  # collective: to rank 0's CPU
     if run.rank == 0:
         record.save_final_model(run.output, model, run_info, run.config, run.history, run.parts.label_names, state)
     if run.world > 1:

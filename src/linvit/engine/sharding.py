@@ -128,10 +128,8 @@ def gathered(*models: nn.Module | None) -> Iterator[None]:
 
 
 def full_state_dict(model: nn.Module) -> dict:
-    """The model's plain state dict: gathered to rank 0's CPU one tensor at a time when sharded (a collective:
-    every rank calls it; the other ranks get {}), else the model's own."""
-    if not is_sharded(model):
-        return model.state_dict()
+    """A sharded model's plain state dict, gathered to rank 0's CPU one tensor at a time (a collective: every
+    rank calls it; the other ranks get {})."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
