@@ -130,3 +130,48 @@ def test_a_saved_dataset_without_a_label_column_is_refused(tmp_path):
     datasets.DatasetDict({"train": table, "validation": table}).save_to_disk(str(tmp_path / "hf"))
     _one_line(lambda: open_split(f"hfds:{tmp_path / 'hf'}", "train"), "no label column", "target")
     _one_line(lambda: open_split(f"hfds:{tmp_path / 'hf'}", "test"), "no split 'test'", "train, validation")
+
+
+def test_webdataset_multi_part_extensions_and_bad_shards_stop_with_one_line(folder, tmp_path):
+    """WebDataset's key is the name up to the first dot, so "k.input.jpg" is sample k's image (WebDataset
+    decodes it by its last part); an empty, compressed or undecodable shard is one line, not a traceback."""
+    png = next((folder / "train" / "0").iterdir()).read_bytes()
+    shards = tmp_path / "named"
+    shards.mkdir()
+    with tarfile.open(shards / "train-0.tar", "w") as tar:
+        for key, label in (("a", 1), ("b", 0)):
+            _add(tar, f"dir.v2/{key}.input.png", png)
+            _add(tar, f"dir.v2/{key}.cls", str(label).encode())
+    split = open_split(f"wds:{shards}", "train")
+    assert [split[i][1] for i in range(len(split))] == [1, 0] and split.classes == ["0", "1"]
+    with tarfile.open(shards / "train-1.tar", "w") as tar:
+        _add(tar, "c.left.png", png), _add(tar, "c.right.png", png), _add(tar, "c.cls", b"0")
+    _one_line(lambda: open_split(f"wds:{shards}", "train"), "'c'", "several images")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    tarfile.open(empty / "train-0.tar", "w").close()
+    _one_line(lambda: open_split(f"wds:{empty}", "train"), "hold no samples")
+    with tarfile.open(empty / "train-0.tar", "w:gz") as tar:
+        _add(tar, "a.png", png), _add(tar, "a.cls", b"0")
+    _one_line(lambda: open_split(f"wds:{empty}", "train"), "train-0.tar", "not an uncompressed tar")
+    with tarfile.open(empty / "train-0.tar", "w") as tar:
+        _add(tar, "a.png", png), _add(tar, "a.cls", b"\xff\xfe")
+    _one_line(lambda: open_split(f"wds:{empty}", "train"), "not a class index")
+
+
+def test_a_saved_dataset_of_image_paths_or_bytes_reads_and_bad_labels_stop_with_one_line(folder, tmp_path):
+    """Image columns saved as file paths or {"bytes", "path"} are decoded as an Image column would be; string
+    labels and an unlabelled split's -1 are refused in one line rather than failing inside a worker."""
+    datasets = pytest.importorskip("datasets")
+    files = _files(folder, "val")
+    as_images = open_split(folder, "val")
+    for column in ([str(f) for f, _ in files], [{"bytes": f.read_bytes(), "path": None} for f, _ in files]):
+        table = datasets.Dataset.from_dict({"image": column, "label": [label for _, label in files]})
+        datasets.DatasetDict({"validation": table}).save_to_disk(str(tmp_path / "hf"))
+        split = open_split(f"hfds:{tmp_path / 'hf'}", "val")
+        assert [split[i][1] for i in range(len(split))] == as_images.targets
+        assert split[1][0].tobytes() == as_images[1][0].tobytes()
+    for labels, bad in ((["cat"] * len(files), "'cat'"), ([-1] * len(files), "-1")):
+        table = datasets.Dataset.from_dict({"image": [str(f) for f, _ in files], "label": labels})
+        datasets.DatasetDict({"train": table}).save_to_disk(str(tmp_path / "bad"))
+        _one_line(lambda: open_split(f"hfds:{tmp_path / 'bad'}", "train"), f"label {bad}", "not a class index")

@@ -30,6 +30,8 @@ def load_saved_split(folder: Path, split: str):
         saved = datasets.load_from_disk(str(folder))
     except FileNotFoundError as err:
         raise UsageError(f"hfds:{folder}: not a folder written by DatasetDict.save_to_disk ({err})") from err
+    except IndexError as err:  # datasets saves an empty split without a table, then fails to load it
+        raise UsageError(f"hfds:{folder}: a split with no rows cannot be loaded ({err})") from err
     if not isinstance(saved, datasets.DatasetDict):
         raise UsageError(f"hfds:{folder}: a single Dataset; save a DatasetDict with splits 'train' and 'validation'")
     name = split if split in saved or split not in SPLIT_ALIASES else SPLIT_ALIASES[split]
@@ -41,7 +43,35 @@ def load_saved_split(folder: Path, split: str):
         raise UsageError(
             f"hfds:{folder}/{name}: no {' or '.join(missing)} column (columns: {', '.join(table.column_names)})"
         )
-    return table
+    return decoded_images(folder / name, table)
+
+
+def decoded_images(where: Path, table):
+    """The table with its image column decoded to PIL by ``datasets``: a column of file paths or of
+    {"bytes", "path"} (``Image(decode=False)``, or never cast to Image) is cast to ``datasets.Image()``."""
+    import datasets
+
+    feature = table.features["image"]
+    if isinstance(feature, datasets.Image) and feature.decode:
+        return table
+    try:
+        return table.cast_column("image", datasets.Image())
+    except (TypeError, ValueError, NotImplementedError) as err:  # pyarrow's cast errors
+        raise UsageError(f"hfds:{where}: the image column ({feature}) is not images, paths or bytes") from err
+
+
+def checked_labels(where: Path, table) -> list[int]:
+    """The label column as class indices; string labels and -1 (an unlabelled test split) are refused."""
+    labels = list(table["label"])
+    if not labels:
+        raise UsageError(f"hfds:{where}: an empty split")
+    if not all(isinstance(label, int) and label >= 0 for label in labels):
+        bad = next(label for label in labels if not (isinstance(label, int) and label >= 0))
+        raise UsageError(
+            f"hfds:{where}: label {bad!r} is not a class index (cast the column to a ClassLabel; "
+            "-1 marks an unlabelled split)"
+        )
+    return labels
 
 
 class HFSavedSplit(UnreadableItems):
@@ -51,7 +81,7 @@ class HFSavedSplit(UnreadableItems):
         self.unreadable, self.transform = check_unreadable(unreadable), transform
         self.root = Path(folder) / split
         self.table = load_saved_split(Path(folder), split)
-        self.targets = [int(label) for label in self.table["label"]]
+        self.targets = checked_labels(self.root, self.table)
         names = getattr(self.table.features["label"], "names", None)
         self.classes = list(names) if names else [str(i) for i in range(max(self.targets) + 1)]
         self.names_classes = bool(names)  # else the classes are numbers

@@ -48,22 +48,37 @@ def read_member(member: Member) -> bytes:
 def index_shard(shard: Path) -> list[tuple[str, Member, int]]:
     """(key, image member, label) of each sample of one shard, in the shard's order."""
     samples: dict[str, dict[str, Member]] = {}
-    with tarfile.open(shard) as tar:
-        for info in tar:
-            if info.isfile():
-                key, ext = split_key(info.name)
-                samples.setdefault(key, {})[ext] = Member(shard, info.offset_data, info.size)
-    indexed = []
-    for key, parts in samples.items():
-        image = next((parts[ext] for ext in IMAGE_EXTENSIONS if ext in parts), None)
-        if image is None or "cls" not in parts:
-            missing = "image" if image is None else ".cls label"
-            raise UsageError(f"{shard}: sample {key!r} has no {missing} (members: {', '.join(sorted(parts))})")
-        text = read_member(parts["cls"]).decode().strip()
-        if not text.isdigit():
-            raise UsageError(f"{shard}: sample {key!r} has .cls {text!r}, not a class index")
-        indexed.append((key, image, int(text)))
-    return indexed
+    try:  # "r:" refuses a compressed tar: the offsets must be the file's own
+        with tarfile.open(shard, "r:") as tar:
+            for info in tar:
+                if info.isfile():
+                    key, ext = split_key(info.name)
+                    samples.setdefault(key, {})[ext] = Member(shard, info.offset_data, info.size)
+    except tarfile.ReadError as err:
+        raise UsageError(f"{shard}: not an uncompressed tar ({str(err).splitlines()[0]})") from err
+    return [(key, image_member(shard, key, parts), label(shard, key, parts)) for key, parts in samples.items()]
+
+
+def image_member(shard: Path, key: str, parts: dict[str, Member]) -> Member:
+    """The sample's image: an image extension, or as WebDataset decodes one, the last part of a longer
+    extension ("input.jpg") when just one member has such a part."""
+    image = next((parts[ext] for ext in IMAGE_EXTENSIONS if ext in parts), None)
+    named = [ext for ext in parts if ext.rpartition(".")[2] in IMAGE_EXTENSIONS]
+    if image is None and len(named) == 1:
+        image = parts[named[0]]
+    if image is None:
+        why = "several images" if named else "no image"
+        raise UsageError(f"{shard}: sample {key!r} has {why} (members: {', '.join(sorted(parts))})")
+    return image
+
+
+def label(shard: Path, key: str, parts: dict[str, Member]) -> int:
+    if "cls" not in parts:
+        raise UsageError(f"{shard}: sample {key!r} has no .cls label (members: {', '.join(sorted(parts))})")
+    text = read_member(parts["cls"]).decode(errors="replace").strip()
+    if not (text.isascii() and text.isdigit()):
+        raise UsageError(f"{shard}: sample {key!r} has .cls {text[:40]!r}, not a class index")
+    return int(text)
 
 
 class WebDatasetSplit(UnreadableItems):
@@ -77,6 +92,8 @@ class WebDatasetSplit(UnreadableItems):
         if not shards:
             raise UsageError(f"wds:{folder}: no shards match {self.root}")
         self.samples = [(image, label) for shard in shards for _, image, label in index_shard(shard)]
+        if not self.samples:
+            raise UsageError(f"wds:{folder}: the shards matching {self.root} hold no samples")
         self.targets = [label for _, label in self.samples]
         self.classes = class_names(folder, max(self.targets) + 1)
         self.names_classes = (Path(folder) / CLASS_NAMES_FILE).is_file()  # else the classes are numbers
