@@ -175,3 +175,20 @@ def test_a_saved_dataset_of_image_paths_or_bytes_reads_and_bad_labels_stop_with_
         table = datasets.Dataset.from_dict({"image": [str(f) for f, _ in files], "label": labels})
         datasets.DatasetDict({"train": table}).save_to_disk(str(tmp_path / "bad"))
         _one_line(lambda: open_split(f"hfds:{tmp_path / 'bad'}", "train"), f"label {bad}", "not a class index")
+
+
+def test_numbered_wds_classes_that_differ_between_splits_say_how_to_name_them(folder, tmp_path, capsys):
+    """Without classes.txt a split's classes end at its highest label, so a val split without the last class
+    differs from train: the refusal says so (it said "class folders"), and classes.txt makes the run train."""
+    shards = write_shards(folder, tmp_path / "shards", per_shard=100)
+    keep = [p for p in _files(folder, "val") if p[1] < 9]
+    (shards / "val-00000.tar").unlink()
+    with tarfile.open(shards / "val-00000.tar", "w") as tar:
+        for j, (path, label) in enumerate(keep):
+            _add(tar, f"v{j}.png", path.read_bytes()), _add(tar, f"v{j}.cls", str(label).encode())
+    argv = ["train", "--data", f"wds:{shards}", *MODEL, "--output", str(tmp_path / "run"), *FAST]
+    assert cli_main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "10 vs 9 classes" in error and "classes.txt" in error, error
+    (shards / "classes.txt").write_text("\n".join(str(i) for i in range(10)))
+    assert _train(f"wds:{shards}", tmp_path / "named")[-1]["epoch"] == 1

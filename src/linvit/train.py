@@ -84,7 +84,12 @@ def build_datasets(config: ClassifyConfig, model: nn.Module) -> tuple[Dataset, D
     train = image_split(config.data, config.train_split, train_tf, unreadable="replace")
     val = image_split(config.data, config.val_split, create_transform(**data_config, is_training=False))
     if train.classes != val.classes:
-        raise UsageError(f"train and val classes differ: {len(train.classes)} vs {len(val.classes)} class folders")
+        hint = (
+            ""
+            if getattr(train, "names_classes", True)
+            else "; numbered classes end at a split's highest label: name them (classes.txt, a ClassLabel)"
+        )
+        raise UsageError(f"train and val classes differ: {len(train.classes)} vs {len(val.classes)} classes{hint}")
     return train, val, data_config
 
 
