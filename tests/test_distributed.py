@@ -109,6 +109,16 @@ def test_fsdp_follows_ddp_step_for_step(runs, name):
     assert (out["ddp"] / "last.pth").is_file()
 
 
+def test_fsdp_keeps_about_half_the_training_state_per_rank(runs):
+    """Parameters, gradients and AdamW's moments per rank, as each run recorded them: ddp's are the same whole
+    state on both ranks; fsdp's two shards add up to it (dim-0 shards: rank 0 holds any odd row)."""
+    _, out, _ = runs
+    ddp, fsdp = (json.loads((out[r] / "config.json").read_text())["linvit"] for r in ("ddp", "fsdp"))
+    ddp, fsdp = ddp["state_bytes_per_rank"], fsdp["state_bytes_per_rank"]
+    assert ddp[0] == ddp[1] and sum(fsdp) == ddp[0]
+    assert max(fsdp) < 0.6 * ddp[0]
+
+
 def test_grad_checkpointing_needs_a_model_that_has_it():
     with pytest.raises(UsageError, match="Linear has no set_grad_checkpointing"):
         sharding.set_grad_checkpointing(torch.nn.Linear(2, 2))

@@ -17,7 +17,7 @@ import torch.nn as nn
 from torch.utils.data import Dataset
 
 from ..config import TrainConfig
-from ..distributed import barrier, distributed_session
+from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..utils import compile_model, output_dir
 from ..utils.runtime import seed_everything
 from . import record, sharded_checkpoint, sharding
@@ -187,10 +187,14 @@ def run_epochs(task: Task, run: Run) -> list[dict]:
 
 
 def finish(task: Task, run: Run, run_info: dict) -> None:
-    """Rank 0 turns the output folder into a model folder; with torchrun every rank also records its final
-    numbers (final_val_rank<r>.json), so a run can show that all ranks agree."""
+    """Rank 0 turns the output folder into a model folder (config.json's state_bytes_per_rank: each rank's
+    parameters, gradients and optimizer state); with torchrun every rank also records its final numbers
+    (final_val_rank<r>.json), so a run can show that all ranks agree."""
     if not run.history:
         return
+    mine = sharding.state_bytes(run.model, run.optimizer)
+    per_rank = all_reduce_sum([mine if r == run.rank else 0 for r in range(run.world)], run.device)
+    run_info = {**run_info, "state_bytes_per_rank": [int(b) for b in per_rank]}
     model = task.final_model(run)
     state = sharding.full_state_dict(model) if sharding.is_sharded(model) else None  # collective: to rank 0's CPU
     if run.rank == 0:

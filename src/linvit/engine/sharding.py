@@ -135,6 +135,15 @@ def full_state_dict(model: nn.Module) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def state_bytes(model: nn.Module, optimizer) -> int:
+    """This rank's bytes of parameters, gradients and optimizer state (of a sharded tensor, its local shard):
+    what ddp keeps whole on every rank and fsdp divides among them."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    states = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v) and v.dim()]
+    tensors = [getattr(t, "_local_tensor", t) for t in [*model.parameters(), *grads, *states]]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def local_norm(norm: torch.Tensor) -> torch.Tensor:
     """A gradient norm as a plain tensor: the full value of a sharded (DTensor) norm."""
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
