@@ -173,7 +173,9 @@ def _hybrid(q, k, v, window, gamma, scale, feature_map, features, eps, state, ch
         entries = _entries(state, k.to(dtype), fk, vv, x, keep, document)
         out, delayed = _chunks(q.to(dtype), fq, entries, document, window, scale, state, chunk_size)
     ring = [None if t is None else t[..., -window:, :] if t.dim() == 4 else t[:, -window:] for t in entries]
-    new = WindowState(*ring, *delayed, document[:, -1], *(katz_state if katz else (None, None)))
+    new = (*ring, *delayed, document[:, -1], *(katz_state if katz else (None, None)))
+    # copies: a view would keep the whole prompt's keys (or its document numbers) alive in the cache
+    new = WindowState(*(None if t is None else t.clone(memory_format=torch.contiguous_format) for t in new))
     return out.to(v.dtype), new
 
 
