@@ -220,6 +220,24 @@ def test_data_whose_class_names_are_not_the_teachers_is_refused_in_one_line(digi
     assert named_classes(image_split("digits:digit", "val")) == [str(d) for d in range(10)]
 
 
+def test_imagenet_class_folders_match_a_teacher_that_names_the_classes_by_description():
+    """ImageNet class folders are WordNet ids (n01440764); a Hugging Face teacher's id2label, and ImageNet saved
+    as a DatasetDict, name the same classes by description ("tench, Tinca tinca"): the same classes, not a
+    mismatch (distilling google/vit-base-patch16-224 on ImageNet folders was refused)."""
+    from timm.data import ImageNetInfo
+
+    from linvit.distillation.task import check_class_names
+
+    info = ImageNetInfo()
+    synsets, descriptions = info.label_names(), [info.index_to_description(i) for i in range(1000)]
+    check_class_names(descriptions, synsets, "imagenet")
+    check_class_names(synsets, descriptions, "imagenet")
+    with pytest.raises(ValueError, match="from class 0 on"):  # still the order
+        check_class_names(descriptions[1::-1] + descriptions[2:], synsets, "imagenet")
+    with pytest.raises(ValueError, match="from class 1 on"):
+        check_class_names(["tench, Tinca tinca", "dog"], ["n01440764", "n01443537"], "d")
+
+
 @pytest.mark.parametrize("mixer", ["katz_infsa", "linear_infsa", "pure_infsa"])
 def test_lora_adapts_every_linear_layer_but_heads_and_mixers_and_every_trainable_parameter_learns(mixer):
     """The converted layers train whole (linvit's InfSA layers read their projections' weights, so a LoRA wrapper

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -261,11 +262,28 @@ def check_class_names(teacher: list[str] | None, data: list[str] | None, spec) -
     """Where the teacher and the data both name their classes, the same names in the same order, or one line."""
     if not teacher or not data or teacher == data:
         return
-    at = next(i for i in range(max(len(teacher), len(data))) if teacher[i : i + 1] != data[i : i + 1])
+    ours, theirs = described(teacher), described(data)  # ImageNet's WordNet ids read as descriptions
+    if ours == theirs:
+        return
+    at = next(i for i in range(max(len(ours), len(theirs))) if ours[i : i + 1] != theirs[i : i + 1])
     raise UsageError(
         f"the teacher's classes are not {spec}'s from class {at} on (teacher: {_listed(teacher)}; data: "
         f"{_listed(data)}): distil on the data the teacher was trained for, its classes in its order"
     )
+
+
+def described(names: list[str]) -> list[str]:
+    """ImageNet's WordNet ids (class folders n01440764, ...) as the descriptions that Hugging Face id2label and
+    ImageNet DatasetDicts name the same classes by ("tench, Tinca tinca"); other names as they are."""
+    if not all(re.fullmatch(r"n\d{8}", name) for name in names):
+        return names
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo()
+    try:
+        return [info.label_name_to_description(name) for name in names]
+    except KeyError:  # not an ImageNet synset
+        return names
 
 
 def _listed(names: list[str], most: int = 12) -> str:
