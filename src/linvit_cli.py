@@ -460,6 +460,12 @@ def _add_bench_command(sub: argparse._SubParsersAction) -> None:
     _add_device_arg(p, "cpu", "default cpu (the recorded CPU tables); auto: cuda when torch sees one")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="non-fp32 runs under autocast")
     p.add_argument(
+        "--runtime",
+        choices=["eager", "onnxruntime"],
+        default="eager",
+        help="onnxruntime: also each point's graph exported to ONNX at its size, timed in onnxruntime (fp32 CPU)",
+    )
+    p.add_argument(
         "--warmup",
         type=NON_NEGATIVE,
         default=1,

@@ -118,3 +118,37 @@ def test_quantize_needs_onnx_format_and_onnxruntime(tmp_path, capsys, monkeypatc
     assert cli_main([*export, "--output", str(tmp_path / "m.onnx"), "--quantize", "int8"]) != 0
     assert "--quantize int8 needs onnxruntime: pip install" in capsys.readouterr().err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_onnxruntime_bench_point_times_the_exported_graph():
+    """`linvit bench --runtime onnxruntime`'s point: the record says its runtime, beside the eager fields."""
+    from linvit.bench import onnx_point
+    from linvit.bench.point import measure as eager_measure
+
+    spec = dict(model="linear_infvit_tiny_patch16_224", model_kwargs={"depth": 1}, res=32, iters=1)
+    record, eager = onnx_point.measure(spec), eager_measure(spec)
+    assert record["status"] == "ok" and record["runtime"] == "onnxruntime" and record["latency_ms"] > 0
+    assert record["export_s"] > 0 and record["tokens"] == eager["tokens"] and record["gflops"] == eager["gflops"]
+    assert set(eager) <= set(record)  # every field of an eager point, so the tables take both
+
+
+def test_bench_routes_onnxruntime_points_and_names_the_runtime(monkeypatch):
+    from linvit.bench import runner
+    from linvit.bench.report import markdown_table, series_label
+
+    seen = []
+    monkeypatch.setattr(runner, "run_worker", lambda module, spec, *a: seen.append(module) or {**spec, "status": "ok"})
+    records = [runner.run_point({"model": "m", "res": 32, "runtime": r}) for r in ("eager", "onnxruntime")]
+    assert seen == ["linvit.bench.point", "linvit.bench.onnx_point"]
+    assert [r["runtime"] for r in records] == ["eager", "onnxruntime"]
+    assert series_label(records[1]) == "m (onnxruntime)" and series_label(records[0]) == "m"
+    rows = [dict(r, latency_ms=1.0, latency_iqr_ms=0.0, tokens=4) for r in records]
+    assert "| runtime |" in markdown_table(rows)
+
+
+def test_bench_onnxruntime_refuses_what_it_does_not_time(tmp_path, capsys):
+    bench = ["bench", "--models", "linear_infvit_tiny_patch16_224", "--res", "32", "--output", str(tmp_path)]
+    assert cli_main([*bench, "--runtime", "onnxruntime", "--dtype", "bf16"]) != 0
+    assert "float32 classifier inference on CPU; not --dtype bf16" in capsys.readouterr().err
+    assert cli_main([*bench, "--runtime", "onnxruntime", "--ladder"]) != 0
+    assert "not --suite, not --ladder" in capsys.readouterr().err

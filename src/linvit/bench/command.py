@@ -48,6 +48,7 @@ class BenchConfig(Config):
     model_kwargs: dict = dataclasses.field(default_factory=dict)
     output: str | None = None
     threads: int | None = None  # every worker's (points and the GEMM peak); None: torch's default
+    runtime: str = "eager"  # "onnxruntime": each point also as its exported graph in onnxruntime (bench.onnx_point)
 
 
 def run_bench(config: BenchConfig) -> None:
@@ -56,6 +57,8 @@ def run_bench(config: BenchConfig) -> None:
         raise UsageError("give --output DIR")
     if config.device == "auto":
         config = config.replace(device="cuda" if torch.cuda.is_available() else "cpu")
+    if config.runtime == "onnxruntime":
+        _check_onnxruntime_run(config)
     if config.suite:
         plans = [_suite_plan(config, name) for name in suite_names(config.suite)]
     elif config.models:
@@ -105,6 +108,7 @@ def _flag_plan(config: BenchConfig) -> dict:
         compiles=config.compile or ["off"],
         common=_common(config),
         command="linvit " + " ".join(sys.argv[1:]),
+        runtime=config.runtime,
     )
 
 
@@ -157,6 +161,7 @@ def _run_plan(
     common,
     command,
     machine=None,
+    runtime="eager",
 ):
     for spec in [*models, *references]:  # fail fast on an unknown model, variant or mixer
         if common["task"] != "generate":
@@ -178,6 +183,9 @@ def _run_plan(
         records, extra["ladder_max_res"] = ladder(models, res[0], point, timeout, mem_limit)
     else:
         records = sweep(models, res, common, timeout, mem_limit, batches=batches, compiles=compiles)
+        if runtime == "onnxruntime":  # the same points as exported graphs, beside the eager ones
+            ort = {**common, "runtime": "onnxruntime"}
+            records += sweep(models, res, ort, timeout, mem_limit, batches=batches, compiles=compiles)
     records = with_shares(records, machine)
     slopes = write_outputs(records, Path(out), extra, references=references)
     print((Path(out) / "bench.md").read_text())
@@ -186,6 +194,20 @@ def _run_plan(
     for model, best_res in extra.get("ladder_max_res", {}).items():
         print(f"largest resolution that ran {model}: {best_res if best_res else 'none'}")
     print(f"wrote {out}/bench.json, bench.csv, bench.md, scaling.png")
+
+
+def _check_onnxruntime_run(config: BenchConfig) -> None:
+    """One line, before anything is measured, for what --runtime onnxruntime does not take or lacks."""
+    import importlib.util
+
+    from .onnx_point import check_spec
+
+    if config.suite or config.ladder:
+        raise UsageError("--runtime onnxruntime times a --models sweep (not --suite, not --ladder)")
+    check_spec({**_common(config), "compile": config.compile or ["off"]})
+    missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f'--runtime onnxruntime needs {", ".join(missing)}: pip install -e ".[export]"')
 
 
 @dataclasses.dataclass

@@ -45,6 +45,8 @@ def series_label(record: dict) -> str:
         label += f" b{record['batch']}"
     if record.get("compile", "off") != "off":
         label += f" [{record['compile']}]"
+    if record.get("runtime", "eager") != "eager":
+        label += f" ({record['runtime']})"
     return label
 
 
@@ -91,7 +93,8 @@ def markdown_table(records: list[dict], references: list[str] | None = None) -> 
     """One row per point with latency, throughput, memory, GFLOPs, status (and speed-up vs each reference)."""
     references = references or []
     head = ["model", "res", "tokens", "status", "latency ms (IQR)", "img/s", "peak MB", "GFLOPs", "GFLOP/s", "J/img"]
-    varied = [k for k in ("batch", "compile") if len({r.get(k, 1 if k == "batch" else "off") for r in records}) > 1]
+    defaults = {"batch": 1, "compile": "off", "runtime": "eager"}
+    varied = [k for k in defaults if len({r.get(k, defaults[k]) for r in records}) > 1]
     head[1:1] = varied
     if any(r.get("compile_s") for r in records):
         head.append("compile s")

@@ -27,7 +27,9 @@ def run_point(spec: dict, timeout: float | None = None, mem_limit_gb: float | No
     """
     spec = {**spec, "mem_limit_gb": mem_limit_gb}
     host = {**cpu_info(), "threads": spec.get("threads") or _default_threads()}
-    return {**host, **run_worker("linvit.bench.point", spec, timeout, mem_limit_gb)}
+    host["runtime"] = spec.get("runtime", "eager")
+    module = "linvit.bench.onnx_point" if host["runtime"] == "onnxruntime" else "linvit.bench.point"
+    return {**host, **run_worker(module, spec, timeout, mem_limit_gb)}
 
 
 def run_worker(module: str, spec: dict, timeout: float | None = None, mem_limit_gb: float | None = None) -> dict:
