@@ -6,7 +6,8 @@
 - distillation students: a tiny softmax ViT converted to each of `linvit.convert`'s forms (linvit.distill;
   conversion.FORMS: every variant and each of its options, e.g. `katz_infsa:hedgehog`);
 - language models: GPT-2, Llama, Qwen3 and Mistral on tiny random configs, converted by `linvit.convert` to
-  every form a causal model accepts (pure InfSA, causal Katz-InfSA and its learned feature map);
+  every form a causal model accepts (pure InfSA, causal Katz-InfSA and its learned feature map; each that takes
+  a sliding window also with window=4, `+window4`);
 - mixers: every attention layer of `linvit.models.infvit.MIXERS` with each of its options.
 
 A new family, variant, DiT mixer or mixer option is enrolled without editing this file. Tiny builds of
@@ -135,7 +136,8 @@ def _lm(family: str, variant: str) -> nn.Module:
             **{"num_key_value_heads": 2, **extra.get(family, {})},
         )
         source = getattr(transformers, f"{family}ForCausalLM")(config)
-    return linvit.convert(source.eval(), variant, gamma_init=0.8)
+    form, _, window = variant.partition("+window")  # "katz_infsa+window4": the sliding-window hybrid
+    return linvit.convert(source.eval(), form, gamma_init=0.8, window=int(window) if window else None)
 
 
 def _causal_forms() -> list[str]:
@@ -154,7 +156,20 @@ def _causal_forms() -> list[str]:
     forms = list(found.values())
     # a form that began to be refused would otherwise leave the matrix without a word
     assert set(forms) >= {"pure_infsa", "katz_infsa", "katz_infsa:hedgehog", "linear_attention"}, forms
-    return forms
+    return forms + _windowed(forms)
+
+
+def _windowed(forms: list[str]) -> list[str]:
+    """Each form that takes a sliding window (linvit.convert's window=), with a window shorter than the text."""
+    found = []
+    for form in forms:
+        try:
+            _lm("gpt2", f"{form}+window4")
+        except UsageError:
+            continue
+        found.append(f"{form}+window4")
+    assert {"katz_infsa+window4", "linear_attention+window4"} <= set(found), found
+    return found
 
 
 def lm_entries() -> list[Entry]:
