@@ -25,6 +25,7 @@ TIERS = {
     "train": 4,
     "engine": 4,
     "weights": 3,
+    "onnx_runtime": 3,
     "evaluate": 4,
     "explain": 5,
     "segment": 5,
