@@ -11,15 +11,34 @@ import copy
 
 import pytest
 import torch
-from conformance_entries import WIDTH, mixer_entries
+from conformance_entries import HEADS, WIDTH, literal_options, mixer_entries
 
 from conftest import rel_err
+from linvit.errors import UsageError
+from linvit.models.infvit import MIXERS as LAYERS
+from linvit.models.infvit import InfViT
 from linvit.ops import katz_infsa, linear_infsa, pure_infsa
 from linvit.ops.katz_causal import causal_katz_chunked, causal_katz_recurrent
 
 MIXERS = mixer_entries()
 IDS = [m[0] for m in MIXERS]
 PRECISIONS = [("float32", 1e-5), ("autocast-bfloat16", 1e-2), ("autocast-float16", 5e-3), ("half-float16", 5e-3)]
+
+
+LAYER_OPTIONS = [(n, o) for n, cls in LAYERS.items() for o in literal_options(cls)]
+
+
+@pytest.mark.parametrize("layer, option", LAYER_OPTIONS, ids=[f"{n}.{o}" for n, o in LAYER_OPTIONS])
+def test_an_options_literal_type_is_what_the_layer_accepts_and_the_model_passes_on(layer, option):
+    """The matrix enrols the values a Literal names: each builds, anything else is refused in one line naming
+    the option, and InfViT takes the same type (so the classifier entries reach every value)."""
+    values, default = literal_options(LAYERS[layer])[option]
+    assert default in values
+    for value in values:
+        LAYERS[layer](WIDTH, num_heads=HEADS, **{option: value})
+    with pytest.raises(UsageError, match=f"^{option} must be one of .*; got 'bogus'$"):
+        LAYERS[layer](WIDTH, num_heads=HEADS, **{option: "bogus"})
+    assert values in [v for v, _ in literal_options(InfViT).values()], f"InfViT has no {option} option"
 
 
 def _tokens(batch: int = 2, n: int = 16, dtype=torch.float32) -> torch.Tensor:
