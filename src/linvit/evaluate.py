@@ -134,8 +134,6 @@ class EvalConfig(Config):
 def run_eval(config: EvalConfig) -> dict:
     """`linvit eval`: evaluate a checkpoint on one split and print / save the metrics."""
     if str(config.checkpoint or "").lower().endswith(".onnx"):  # an exported graph: onnxruntime, not PyTorch
-        from .onnx_runtime import evaluate_onnx
-
         return evaluate_onnx(config)
     rank, world, device = init_distributed(config.device)
     try:
@@ -170,3 +168,48 @@ def run_eval(config: EvalConfig) -> dict:
         return metrics
     finally:
         cleanup()
+
+
+def evaluate_onnx(config) -> dict:
+    """`linvit eval --checkpoint FILE.onnx`: top-1 / top-5 / loss of the exported classifier in onnxruntime
+    (CPU), with the preprocessing stored in the file; config is linvit.evaluate.EvalConfig."""
+    from .onnx_runtime import OnnxClassifier
+
+    _refuse_pytorch_flags_for_onnx(config)
+    model = OnnxClassifier(config.checkpoint)
+    classes = class_count(config.data, config.split)
+    if classes != model.num_classes:
+        raise UsageError(f"{config.checkpoint} has {model.num_classes} classes; {config.data} has {classes}")
+    data_config = model.data_config(config.img_size, config.crop_pct)
+    dataset = image_split(config.data, config.split, create_transform(**data_config, is_training=False))
+    loader = eval_loader(dataset, config.batch_size, config.workers, 0, 1)
+    metrics = evaluate(model, loader, torch.device("cpu"), progress=config.progress)
+    metrics.update(
+        model=model.meta.get("model"), checkpoint=str(config.checkpoint), runtime="onnxruntime", split=config.split
+    )
+    metrics.update(data=str(config.data), input_size=list(data_config["input_size"]))
+    print(f"{config.checkpoint}: onnxruntime CPU, {model.meta.get('model')} at {data_config['input_size'][1:]}")
+    print(
+        f"top1 {metrics['top1']:.2f}  top5 {metrics['top5']:.2f}  loss {metrics['loss']:.4f}  "
+        f"({metrics['images']} images, {metrics['skipped']} skipped)"
+    )
+    if config.json:
+        write_json(config.json, metrics)
+    return metrics
+
+
+def _refuse_pytorch_flags_for_onnx(config) -> None:
+    """Flags that change how PyTorch builds or runs a model mean nothing for an exported graph: say so."""
+    given = {
+        "--model": config.model is not None,
+        "--model-kwargs": bool(config.model_kwargs),
+        "--pretrained": config.pretrained,
+        "--convert": config.convert is not None,
+        "--ema": config.ema is not None,
+        "--amp": config.amp != "none",
+        "--compile": config.compile != "off",
+        "--device": config.device not in ("auto", "cpu"),
+    }
+    bad = [flag for flag, on in given.items() if on]
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: not for an .onnx file (it runs in onnxruntime on CPU as exported)")
