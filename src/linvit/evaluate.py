@@ -159,12 +159,7 @@ def run_eval(config: EvalConfig) -> dict:
             model=config.model, checkpoint=config.checkpoint, weights=weights, split=config.split, data=str(config.data)
         )
         if rank == 0:
-            print(
-                f"top1 {metrics['top1']:.2f}  top5 {metrics['top5']:.2f}  loss {metrics['loss']:.4f}  "
-                f"({metrics['images']} images, {metrics['skipped']} skipped)"
-            )
-            if config.json:
-                write_json(config.json, metrics)
+            _report(metrics, config.json)
         return metrics
     finally:
         cleanup()
@@ -189,13 +184,17 @@ def evaluate_onnx(config) -> dict:
     )
     metrics.update(data=str(config.data), input_size=list(data_config["input_size"]))
     print(f"{config.checkpoint}: onnxruntime CPU, {model.meta.get('model')} at {data_config['input_size'][1:]}")
+    _report(metrics, config.json)
+    return metrics
+
+
+def _report(metrics: dict, json_path: str | None) -> None:
     print(
         f"top1 {metrics['top1']:.2f}  top5 {metrics['top5']:.2f}  loss {metrics['loss']:.4f}  "
         f"({metrics['images']} images, {metrics['skipped']} skipped)"
     )
-    if config.json:
-        write_json(config.json, metrics)
-    return metrics
+    if json_path:
+        write_json(json_path, metrics)
 
 
 def _refuse_pytorch_flags_for_onnx(config) -> None:

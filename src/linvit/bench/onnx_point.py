@@ -10,12 +10,10 @@ two runtimes' FLOP/s compare the same work.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -24,8 +22,8 @@ from ..errors import UsageError
 from ..export import export_model, fix_size_dependent_choices
 from ..onnx_runtime import cpu_session
 from ..utils.flops import count_flops
-from .machine import apply_threads, cpu_info
-from .point import DEFAULTS, _time_steps, classify_error, classify_workload, error_reason
+from .machine import cpu_info
+from .point import DEFAULTS, _time_steps, classify_workload, worker_main
 
 TAKES = {"device": "cpu", "dtype": "fp32", "mode": "infer", "task": "classify", "compile": "off"}
 
@@ -87,17 +85,7 @@ def measure(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec_json, result_path = (argv or sys.argv[1:])[:2]
-    spec = json.loads(spec_json)
-    apply_threads(spec.get("threads"))
-    try:
-        record = measure(spec)
-    except BaseException as err:  # noqa: BLE001 - every failure becomes this point's status
-        record = {**spec, "status": classify_error(err), "reason": error_reason(err)}
-        traceback.print_exc()
-    with open(result_path, "w") as f:
-        json.dump(record, f)
-    return 0
+    return worker_main(measure, argv)
 
 
 if __name__ == "__main__":

@@ -288,11 +288,17 @@ def error_reason(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return worker_main(measure, argv)
+
+
+def worker_main(measure_point, argv: list[str] | None = None) -> int:
+    """A timing worker's entry: measure_point(spec) for the spec in argv, its record (or its error row) written to
+    the result path; every worker module (eager, onnxruntime) runs through this one."""
     spec_json, result_path = (argv or sys.argv[1:])[:2]
     spec = json.loads(spec_json)
     apply_threads(spec.get("threads"))  # the environment sized the thread pools already; torch's own count too
     try:
-        record = measure(spec)
+        record = measure_point(spec)
     except BaseException as err:  # noqa: BLE001 - every failure becomes this point's status
         record = {**spec, "status": classify_error(err), "reason": error_reason(err)}
         traceback.print_exc()
