@@ -581,6 +581,20 @@ def test_resume_refuses_a_changed_model_and_follows_a_longer_plan(data, tmp_path
     assert "resumed from" in out and "new schedule" not in out
 
 
+def test_a_one_process_resume_drops_the_wider_runs_rank_records(data, tmp_path):
+    """A 2-process run resumed at 1 process kept both final_val_rank<r>.json at the 2-process run's last epoch
+    beside the resumed run's own numbers; the one-process finish removes them (they are written per rank only
+    under torchrun). Planted here as the 2-process run leaves them."""
+    argv = ["train", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224", "--output", str(tmp_path)]
+    argv += ["--batch-size", "10", *FAST, "--model-kwargs", "patch_size=8", "depth=1"]
+    assert cli_main([*argv, "--epochs", "1"]) == 0
+    for r in (0, 1):
+        (tmp_path / f"final_val_rank{r}.json").write_text(json.dumps({"epoch": 0}))
+    assert cli_main([*argv, "--epochs", "2", "--resume", "auto"]) == 0
+    assert not list(tmp_path.glob("final_val_rank*.json"))
+    assert [r["epoch"] for r in _metrics(tmp_path)] == [0, 1]
+
+
 def test_one_folder_spelled_two_ways_is_the_same_plan(tmp_path, monkeypatch):
     """A resume with --data ./digits, digits/ or an absolute path is the run's own plan, not a changed one;
     another folder is still a change; so are flags that change nothing the checkpoint holds."""

@@ -199,8 +199,18 @@ def finish(task: Task, run: Run, run_info: dict) -> None:
     state = sharding.full_state_dict(model) if sharding.is_sharded(model) else None  # collective: to rank 0's CPU
     if run.rank == 0:
         record.save_final_model(run.output, model, run_info, run.config, run.history, run.parts.label_names, state)
+        drop_stale_rank_records(run.output, run.world)
     if run.world > 1:
         (run.output / f"final_val_rank{run.rank}.json").write_text(json.dumps(run.history[-1]))
+
+
+def drop_stale_rank_records(output: Path, world: int) -> None:
+    """Remove final_val_rank<r>.json that no rank of this run writes (all of them for one process): a run resumed
+    at a smaller world size would otherwise keep an earlier epoch's numbers beside its own."""
+    for path in output.glob("final_val_rank*.json"):
+        rank = path.stem.removeprefix("final_val_rank")
+        if world == 1 or (rank.isdigit() and int(rank) >= world):
+            path.unlink(missing_ok=True)
 
 
 def gather_rng(world: int) -> list[dict]:
