@@ -9,6 +9,7 @@ and a same-config resume is bit-exact; each epoch's metrics.jsonl line is vouche
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 from pathlib import Path
 
@@ -123,7 +124,17 @@ def fit(task: Task, config: TrainConfig) -> list[dict]:
     (rank 0 writes them to config.output, which becomes a model folder at the end)."""
     with distributed_session(config.device) as (rank, world, device):
         run = start_run(task, config, rank, world, device)
-        return run_epochs(task, run)
+        try:
+            return run_epochs(task, run)
+        finally:
+            release_process_group_users(run)
+
+
+def release_process_group_users(run: Run) -> None:
+    """Free the DDP wrapper before the session destroys the process group: a DDP reducer freed after it joins
+    gloo's threads in its destructor and, on torch 2.9, one rank of a finished torchrun run hung there for good."""
+    run.train_net = run.eval_net = None
+    gc.collect()
 
 
 def start_run(task: Task, config: TrainConfig, rank: int, world: int, device: torch.device) -> Run:
