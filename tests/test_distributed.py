@@ -206,3 +206,54 @@ def test_a_sharded_teacher_distills_the_same_student(runs):
             for key in ("train_loss", "val_loss", "teacher_val_loss"):
                 assert b[key] == pytest.approx(a[key], rel=1e-5), (stage, a["epoch"], key)
         assert_same_weights(out["distill_ddp"] / stage, out["distill_fsdp"] / stage)
+
+
+def test_a_kill_between_the_sharded_saves_renames_resumes_from_last_old(tmp_path):
+    """The swap renames last/ to last.old/, then last.tmp/ to last/: a kill between them leaves the previous
+    checkpoint as last.old/ only, and --resume auto must read it rather than restart (and then delete it)."""
+    from linvit.engine.resume import find_resume
+
+    old = tmp_path / "last.old"
+    old.mkdir()
+    (old / ".metadata").write_bytes(b"")
+    assert find_resume(tmp_path, "auto", True) == old and find_resume(tmp_path, "auto", False) == old
+    (tmp_path / "last").mkdir()
+    (tmp_path / "last" / ".metadata").write_bytes(b"")
+    assert find_resume(tmp_path, "auto", True) == tmp_path / "last"
+
+
+FROZEN_ROOT = """
+import os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+from torch.distributed.device_mesh import init_device_mesh
+from linvit.engine import sharding
+teacher = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4))).requires_grad_(False)
+sharding.shard(teacher, init_device_mesh("cpu", (1,)), frozen=True)
+unsharded = lambda: teacher._get_fsdp_state()._fsdp_param_group.is_unsharded
+x = torch.randn(2, 4)
+with torch.no_grad():
+    teacher(x)
+    before = unsharded()
+    with sharding.gathered(None, frozen=[teacher]):
+        teacher(x)
+    teacher(x)
+    print("unsharded after forward:", before, unsharded())
+dist.destroy_process_group()
+"""
+
+
+def test_a_frozen_teachers_root_releases_its_parameters_after_forward_again_after_evaluation():
+    """gathered() keeps every module's parameters for evaluation; after it a frozen teacher's root must go back to
+    releasing them after forward (shard(frozen=True)), or its embeddings stay whole on every rank."""
+    port = str(29700 + os.getpid() % 200)
+    result = subprocess.run(
+        [sys.executable, "-c", FROZEN_ROOT],
+        env={**os.environ, "PORT": port, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("unsharded after forward:"))
+    assert line.split()[-2:] == ["False", "False"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import traceback
 from pathlib import Path
 
 import torch
@@ -126,15 +127,20 @@ def fit(task: Task, config: TrainConfig) -> list[dict]:
         run = start_run(task, config, rank, world, device)
         try:
             return run_epochs(task, run)
+        except BaseException as err:
+            traceback.clear_frames(err.__traceback__)  # the frames hold the DDP wrapper (train_pass's net)
+            raise
         finally:
             release_process_group_users(run)
+            del run
+            gc.collect()
 
 
 def release_process_group_users(run: Run) -> None:
-    """Free the DDP wrapper before the session destroys the process group: a DDP reducer freed after it joins
-    gloo's threads in its destructor and, on torch 2.9, one rank of a finished torchrun run hung there for good."""
-    run.train_net = run.eval_net = None
-    gc.collect()
+    """Free what holds the process group (the DDP wrapper, fsdp's sharded modules) before the session destroys
+    it: a DDP reducer freed after it joins gloo's threads in its destructor and, on torch 2.9, one rank of a
+    finished torchrun run hung there for good."""
+    run.train_net = run.eval_net = run.model = run.ema = run.optimizer = run.parts = None
 
 
 def start_run(task: Task, config: TrainConfig, rank: int, world: int, device: torch.device) -> Run:
@@ -178,7 +184,7 @@ def run_epochs(task: Task, run: Run) -> list[dict]:
         task.start_epoch(run, epoch)
         numbers = {"epoch": epoch, **train_pass(run, epoch, lambda batch: task.batch_loss(run, batch), after_step)}
         task.end_epoch(run, epoch, numbers)
-        with sharding.gathered(run.model, run.ema.module if run.ema is not None else None, *task.frozen_models()):
+        with sharding.gathered(run.model, run.ema.module if run.ema is not None else None, frozen=task.frozen_models()):
             numbers.update(task.evaluate(run, epoch))
         run.history.append(numbers)
         rngs = gather_rng(run.world)

@@ -45,6 +45,8 @@ def find_resume(output: Path, resume: str | None, sharded_first: bool = False) -
             if sharded_first
             else (output / CHECKPOINT, output / sharded.FOLDER)
         )
+        # a kill between the sharded save's two renames leaves the previous checkpoint as last.old only
+        order += (output / (sharded.FOLDER + ".old"),)
         return next((p for p in order if _is_checkpoint(p)), None)
     path = Path(resume)
     if not _is_checkpoint(path):

@@ -4,7 +4,8 @@ that loads at any world size (DCP reshards on load; one process reads it into th
 The model, optimizer and EMA go through torch.distributed.checkpoint.state_dict's get/set_state_dict (keys are
 parameter names, so sharded and plain models read each other's); what is the same on every rank (epoch,
 scheduler, every rank's RNG, history, args, world size) is one small torch file beside them, written by rank 0.
-A new checkpoint is written to `last.tmp/` and renamed over `last/`, so a kill leaves the previous one whole.
+A new checkpoint is written to `last.tmp/` and renamed over `last/`, so a kill leaves the previous one whole
+(as `last.old/` when it comes between the two renames; --resume auto reads it there).
 """
 
 from __future__ import annotations

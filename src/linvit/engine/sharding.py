@@ -109,12 +109,14 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 @contextmanager
-def gathered(*models: nn.Module | None) -> Iterator[None]:
+def gathered(*models: nn.Module | None, frozen: tuple | list = ()) -> Iterator[None]:
     """Every sharded module's full parameters on each rank for the block, kept across forwards, so that
-    evaluation runs collective-free (ranks may see different numbers of batches); resharded after."""
+    evaluation runs collective-free (ranks may see different numbers of batches); resharded after. frozen:
+    models sharded with shard(frozen=True), whose roots go back to releasing their parameters after forward."""
     from torch.distributed.fsdp import FSDPModule
 
-    roots = [model for model in models if model is not None and isinstance(model, FSDPModule)]
+    trained = [model for model in models if model is not None and isinstance(model, FSDPModule)]
+    roots = trained + [model for model in frozen if isinstance(model, FSDPModule)]
     sharded = [m for root in roots for m in root.modules() if isinstance(m, FSDPModule)]
     for module in sharded:
         module.unshard()
@@ -122,9 +124,9 @@ def gathered(*models: nn.Module | None) -> Iterator[None]:
     try:
         yield
     finally:
-        for module in sharded:  # fully_shard's defaults back: only the roots keep their parameters after forward
+        for module in sharded:  # shard()'s settings back: only a trained root keeps its parameters after forward
             module.reshard()
-            module.set_reshard_after_forward(not any(module is root for root in roots), recurse=False)
+            module.set_reshard_after_forward(not any(module is root for root in trained), recurse=False)
 
 
 def full_state_dict(model: nn.Module) -> dict:
