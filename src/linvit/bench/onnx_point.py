@@ -10,7 +10,6 @@ two runtimes' FLOP/s compare the same work.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 import time
@@ -22,8 +21,7 @@ from ..errors import UsageError
 from ..export import export_model, fix_size_dependent_choices
 from ..onnx_runtime import cpu_session
 from ..utils.flops import count_flops
-from .machine import cpu_info
-from .point import DEFAULTS, _time_steps, classify_workload, worker_main
+from .point import DEFAULTS, _time_steps, classify_workload, timing_record, worker_main
 
 TAKES = {"device": "cpu", "dtype": "fp32", "mode": "infer", "task": "classify", "compile": "off"}
 
@@ -56,32 +54,7 @@ def measure(spec: dict) -> dict:
         timing = _time_steps(lambda: session.run(None, feed), spec, cpu)
     with torch.inference_mode():
         flops = count_flops(lambda: model(x))
-    times, median = timing.times, statistics.median(timing.times)
-    quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [median] * 3
-    return {
-        **{k: spec.get(k) for k in ("model", "res", "batch", "mode", "device", "dtype", "task", "compile")},
-        **cpu_info(),
-        "runtime": "onnxruntime",
-        "threads": torch.get_num_threads(),
-        "status": "ok",
-        "reason": None,
-        "tokens": work.tokens,
-        "latency_ms": median * 1e3,
-        "latency_min_ms": min(times) * 1e3,
-        "latency_max_ms": max(times) * 1e3,
-        "latency_iqr_ms": (quartiles[2] - quartiles[0]) * 1e3,
-        "iters": len(times),
-        "compile_s": None,
-        "export_s": export_s,
-        "images_per_s": batch / median,
-        "peak_mem_mb": timing.peak_mb,
-        "peak_total_mb": timing.total_mb,
-        "gflops": flops / 1e9 if flops is not None else None,
-        "gflops_per_s": flops / 1e9 / median if flops is not None else None,
-        "energy_j_per_img": timing.joules / (len(times) * batch) if timing.joules is not None else None,
-        "energy_reason": timing.energy_reason,
-        "params": sum(p.numel() for p in model.parameters()),
-    }
+    return timing_record(spec, work, timing, flops, runtime="onnxruntime", compile_s=None, export_s=export_s)
 
 
 def main(argv: list[str] | None = None) -> int:

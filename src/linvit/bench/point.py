@@ -184,10 +184,16 @@ def measure(spec: dict) -> dict:
                 work.infer(net)
 
     timing = _time_steps(step, spec, device)
-    times = timing.times
     flops = None
     if spec["warmup"]:  # FLOPs of the eager model from one more iteration, outside the memory window: the counter's
         flops = count_flops(partial(step, work.model))  # dispatch mode decomposes some ops into large temporaries
+    return timing_record(spec, work, timing, flops, compile_s=timing.compile_s)
+
+
+def timing_record(spec: dict, work, timing, flops: float | None, **extra) -> dict:
+    """A timed point's record (latency quartiles, throughput, memory, FLOP/s, energy, the machine), shared by the
+    eager and onnxruntime workers; extra: fields of one runtime (compile_s, export_s, runtime)."""
+    times, batch = timing.times, int(spec["batch"])
     median = statistics.median(times)
     quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [median, median, median]
     return {
@@ -202,7 +208,7 @@ def measure(spec: dict) -> dict:
         "latency_max_ms": max(times) * 1e3,
         "latency_iqr_ms": (quartiles[2] - quartiles[0]) * 1e3,
         "iters": len(times),
-        "compile_s": timing.compile_s,
+        **extra,
         "images_per_s": batch / median,
         "peak_mem_mb": timing.peak_mb,
         "peak_total_mb": timing.total_mb,
