@@ -60,9 +60,23 @@ TRANSFER_HEAVY = "distill_transfer"
 LEARNED = ("katz_infsa:hedgehog", "linear_attention:hedgehog")
 TRANSFER_MIXERS = ("katz_infsa", "pure_infsa", *LEARNED)
 STUDENTS = (*MIXERS, *LEARNED)  # every student of the vision tables, in their order
-# the language students: causal Katz (ELU + 1, and learned maps), pure InfSA, and the anchor, LoLCATs' form without
-# its sliding window (causal linear attention with learned maps)
-LANGUAGE_STUDENTS = ("katz_infsa", "pure_infsa", "katz_infsa:hedgehog", "linear_attention:hedgehog")
+# the language students: causal Katz (ELU + 1, and learned maps), pure InfSA, and the anchor, LoLCATs' form
+# (causal linear attention with learned maps), without and with its 64-token sliding window of exact softmax; a
+# student's name -> its mixer and the flags it adds to the recipe ("+transfer": the whole budget on attention
+# transfer, no end-to-end stage)
+WINDOW = ["--window", "64"]
+LANGUAGE_STUDENTS = {
+    "katz_infsa": ("katz_infsa", []),
+    "pure_infsa": ("pure_infsa", []),
+    "katz_infsa:hedgehog": ("katz_infsa:hedgehog", []),
+    "linear_attention:hedgehog": ("linear_attention:hedgehog", []),
+    "katz_infsa:hedgehog+w64": ("katz_infsa:hedgehog", WINDOW),
+    "linear_attention:hedgehog+w64": ("linear_attention:hedgehog", WINDOW),
+    "katz_infsa:hedgehog+w64+transfer": ("katz_infsa:hedgehog", [*WINDOW, "--stages", "attention"]),
+}
+# the long-context part (issue 44.4): a teacher trained at 512 tokens, where the window is an eighth of the context
+LONG_STUDENTS = ("katz_infsa:hedgehog+w64", "linear_attention:hedgehog+w64", "katz_infsa:hedgehog")
+LANGUAGE_PARTS = {128: "language", 512: "language512"}  # context -> the part's folder under OUT and docs/distill
 
 
 def methods(mixer: str) -> dict[str, str]:
@@ -220,15 +234,18 @@ def vision_summary(out: Path, seeds: list[int], task_name: str = "digit") -> dic
     return {"task": task_name, "teacher_val_top1": teacher, "teachers": teachers, "rows": rows}
 
 
-def language_teacher(out: Path, seed: int, lm) -> Path:
-    """The GPT-2 teacher of docs/results.md for this seed (trained once, saved as a Hugging Face folder)."""
-    folder = out / f"language/teacher_s{seed}"
-    text_file = out / "language/text.txt"
-    text = lm.stdlib_docstrings(400 * 1024)
+def language_teacher(out: Path, seed: int, lm, context: int = 128) -> Path:
+    """The GPT-2 teacher of docs/results.md for this seed (trained once, saved as a Hugging Face folder). At a
+    longer context it sees the same tokens a step: 32 x 128 / context windows."""
+    part = out / LANGUAGE_PARTS[context]
+    folder = part / f"teacher_s{seed}"
+    text_file = part / "text.txt"
     if not text_file.is_file():
+        text = lm.stdlib_docstrings(400 * 1024)
         text_file.parent.mkdir(parents=True, exist_ok=True)
         text_file.write_text(text.decode("utf-8", errors="ignore"), encoding="utf-8")
     if not (folder / "config.json").is_file():
+        lm.CONTEXT, lm.BATCH = context, lm_batch(context)  # lm_experiment's module-wide shape
         torch.manual_seed(seed)
         data = torch.tensor(list(text_file.read_text(encoding="utf-8").encode("utf-8")), dtype=torch.long)
         cut = int(len(data) * 0.9)
@@ -239,39 +256,58 @@ def language_teacher(out: Path, seed: int, lm) -> Path:
     return folder
 
 
-def language_stages(out: str, seed: int, teacher: Path) -> list[Stage]:
-    windows = round(LM_BUDGET * LM_STEPS / 3) * LM_BATCH
+def lm_batch(context: int) -> int:
+    """Windows a step: the 128-token part's 32, and the same tokens a step at a longer context."""
+    return LM_BATCH * 128 // context
+
+
+def language_stages(out: str, seed: int, teacher: Path, context: int = 128) -> list[Stage]:
+    part, batch = f"{out}/{LANGUAGE_PARTS[context]}", lm_batch(context)
+    windows = round(LM_BUDGET * LM_STEPS / 3) * batch
+    students = LANGUAGE_STUDENTS if context == 128 else {s: LANGUAGE_STUDENTS[s] for s in LONG_STUDENTS}
     stages = []
-    for mixer in LANGUAGE_STUDENTS:
-        name = f"distill/{mixer}/s{seed}"
-        argv = ["distill", "--teacher", f"hf:{teacher}", "--data", f"{out}/language/text.txt", "--mixer", mixer]
-        argv += ["--context", "128", "--batch-size", str(LM_BATCH), "--train-windows", str(windows)]
-        argv += ["--transfer-epochs", "1", "--epochs", "2", "--seed", str(seed), "--output", f"{out}/language/{name}"]
+    for student, (mixer, flags) in students.items():
+        name = f"distill/{student}/s{seed}"
+        transfer_only = "attention" in flags
+        epochs = ["--transfer-epochs", "3"] if transfer_only else ["--transfer-epochs", "1", "--epochs", "2"]
+        argv = ["distill", "--teacher", f"hf:{teacher}", "--data", f"{part}/text.txt", "--mixer", mixer, *flags]
+        argv += ["--context", str(context), "--batch-size", str(batch), "--train-windows", str(windows), *epochs]
+        argv += ["--seed", str(seed), "--output", f"{part}/{name}"]
         argv += ["--workers", "0", "--device", "cpu", "--resume", "auto", "--no-progress"]
-        info = {"mixer": mixer, "seed": seed}
+        info = {"mixer": student, "seed": seed}
         stages.append(Stage(name, argv, [f"{name}/model.safetensors", f"{name}/metrics.jsonl"], 120, info))
     return stages
 
 
-def language_summary(out: Path, seeds: list[int]) -> dict:
+def language_summary(out: Path, seeds: list[int], context: int = 128, published: Path | None = None) -> dict:
+    """Per student: the final val loss and gap, and the gap after attention transfer (the first stage's last
+    evaluation), over seeds. A student without runs under OUT keeps its row of the published summary."""
+    part = out / LANGUAGE_PARTS[context]
+    earlier = json.loads(published.read_text())["rows"] if published is not None and published.is_file() else []
+    earlier = {r["mixer"]: r for r in earlier}
     rows = []
-    for mixer in LANGUAGE_STUDENTS:
-        runs = {}
+    for student, (_, flags) in LANGUAGE_STUDENTS.items():
+        runs, transfer = {}, {}
         for seed in seeds:
-            run = out / f"language/distill/{mixer}/s{seed}"
-            if (run / "model.safetensors").is_file():
+            run = part / f"distill/{student}/s{seed}"
+            if (run / "model.safetensors").is_file():  # --stages attention writes its one stage to the run itself
                 runs[seed] = last_metrics(run / "metrics.jsonl")
+                first = run if "attention" in flags else run / "attention"
+                transfer[seed] = last_metrics(first / "metrics.jsonl")["loss_gap"]
         if runs:
             rows.append(
                 {
-                    "mixer": mixer,
+                    "mixer": student,
                     "val_loss": mean_interval([r["val_loss"] for r in runs.values()]),
                     "teacher_val_loss": mean_interval([r["teacher_val_loss"] for r in runs.values()]),
                     "loss_gap": mean_interval([r["loss_gap"] for r in runs.values()]),
+                    "transfer_loss_gap": mean_interval(list(transfer.values())) if transfer else None,
                     "steps": round(LM_BUDGET * LM_STEPS / 3) * 3,
                 }
             )
-    return {"teacher_steps": LM_STEPS, "rows": rows}
+        elif student in earlier:
+            rows.append(earlier[student])
+    return {"teacher_steps": LM_STEPS, "context": context, "batch": lm_batch(context), "rows": rows}
 
 
 def decode_timing(lengths=(512, 1024, 2048, 4096, 8192), new_tokens: int = 32) -> dict:
@@ -325,7 +361,7 @@ def publish(out: Path, docs: Path) -> None:
     target = docs / "distill"
     target.mkdir(parents=True, exist_ok=True)
     summaries = {}
-    for part in (*PARTS.values(), "language", "timing"):
+    for part in (*PARTS.values(), *LANGUAGE_PARTS.values(), "timing"):
         for source in (out / part / "summary.json", target / f"{part}.json"):
             summary = json.loads(source.read_text()) if source.is_file() else None
             if summary is not None and summary.get("rows", True):  # a part without a finished row yet waits
@@ -349,6 +385,7 @@ def main() -> None:
     p.add_argument("--part", choices=["vision", "language", "timing"], default=None)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--task", choices=list(PARTS), default="digit", help="the vision part's protocol task")
+    p.add_argument("--context", type=int, choices=list(LANGUAGE_PARTS), default=128, help="the language part's")
     p.add_argument("--budgets", type=float, nargs="+", choices=BUDGETS, default=[0.10, 0.05, 0.25], help="in order")
     p.add_argument("--out", default="runs/distill")
     p.add_argument("--threads", type=int, default=1)
@@ -368,17 +405,21 @@ def main() -> None:
         stages = [s for s in stages if s.info.get("mixer") in (None, *args.students)]  # teachers have no mixer
         run_stages(out / PARTS[args.task], stages, run_command)
     if args.part == "language" and not args.report_only:
-        teacher = language_teacher(out, 0, lm_experiment())  # one teacher (20 CPU minutes); seeds distil it
-        stages = [s for seed in seeds for s in language_stages(args.out, seed, teacher)]
-        run_stages(out / "language", [s for s in stages if s.info["mixer"] in args.students], run_command)
+        teacher = language_teacher(out, 0, lm_experiment(), args.context)  # one teacher (20 CPU minutes)
+        stages = [s for seed in seeds for s in language_stages(args.out, seed, teacher, args.context)]
+        stages = [s for s in stages if s.info["mixer"] in args.students]
+        run_stages(out / LANGUAGE_PARTS[args.context], stages, run_command)
     if args.part == "timing" and not args.report_only:
         (out / "timing").mkdir(parents=True, exist_ok=True)
         (out / "timing/summary.json").write_text(json.dumps(decode_timing(), indent=2))
     for task_name, part in PARTS.items():
         if (out / part).is_dir():
             (out / part / "summary.json").write_text(json.dumps(vision_summary(out, [0, 1, 2], task_name), indent=2))
-    if (out / "language").is_dir():
-        (out / "language/summary.json").write_text(json.dumps(language_summary(out, [0, 1, 2]), indent=2))
+    for context, part in LANGUAGE_PARTS.items():
+        if (out / part).is_dir():
+            published = Path(args.publish or "docs") / f"distill/{part}.json"
+            summary = language_summary(out, [0, 1, 2], context, published)
+            (out / part / "summary.json").write_text(json.dumps(summary, indent=2))
     if args.publish:
         sys.path.insert(0, str(Path(__file__).parent))
         publish(out, Path(args.publish))
