@@ -213,13 +213,104 @@ def test_a_kill_between_the_sharded_saves_renames_resumes_from_last_old(tmp_path
     checkpoint as last.old/ only, and --resume auto must read it rather than restart (and then delete it)."""
     from linvit.engine.resume import find_resume
 
-    old = tmp_path / "last.old"
-    old.mkdir()
-    (old / ".metadata").write_bytes(b"")
+    old = fake_checkpoint(tmp_path / "last.old", 3)
     assert find_resume(tmp_path, "auto", True) == old and find_resume(tmp_path, "auto", False) == old
-    (tmp_path / "last").mkdir()
-    (tmp_path / "last" / ".metadata").write_bytes(b"")
+    fake_checkpoint(tmp_path / "last", 4)
+    (old / "linvit.pth").unlink()  # a kill while last.old/ was being removed: never read beside a whole last/
     assert find_resume(tmp_path, "auto", True) == tmp_path / "last"
+
+
+def fake_checkpoint(path: Path, epoch: int) -> Path:
+    """What --resume auto reads to choose: a last.pth, or a sharded folder's .metadata and linvit.pth."""
+    state = {"model": {}, "optimizer": {}, "scheduler": {}, "epoch": epoch, "rng": [], "args": {}}
+    if path.suffix == ".pth":
+        torch.save(state, path)
+        return path
+    path.mkdir()
+    (path / ".metadata").write_bytes(b"")
+    torch.save(state, path / sharded_checkpoint.EXTRA)
+    return path
+
+
+def test_resume_auto_takes_the_newer_checkpoint_of_either_kind(tmp_path):
+    """A run that changed --strategy leaves the other kind's older checkpoint beside its own: the newer by epoch
+    is resumed whichever strategy asks (its own kind on a tie), never the older one."""
+    from linvit.engine.resume import find_resume
+
+    ddp, fsdp = fake_checkpoint(tmp_path / "last.pth", 4), fake_checkpoint(tmp_path / "last", 2)
+    assert find_resume(tmp_path, "auto", True) == ddp and find_resume(tmp_path, "auto", False) == ddp
+    torch.save({**torch.load(ddp, weights_only=True), "epoch": 2}, ddp)
+    assert find_resume(tmp_path, "auto", True) == fsdp and find_resume(tmp_path, "auto", False) == ddp
+    torch.save({**torch.load(ddp, weights_only=True), "epoch": 1}, ddp)
+    assert find_resume(tmp_path, "auto", True) == fsdp and find_resume(tmp_path, "auto", False) == fsdp
+
+
+def test_a_resume_under_the_other_strategy_says_so_and_takes_the_newer_checkpoint(tmp_path, capsys):
+    """One process: ddp writes last.pth (epoch 0), fsdp resumes from it and writes last/ (epoch 1), ddp resumes
+    from last/ (the newer), not from the older last.pth beside it; each switch is one line."""
+    data = tmp_path / "data"
+    build_cluttered_mnist(data, canvas=32, per_class_train=1, per_class_val=1, clutter=1, progress=False)
+    out = tmp_path / "run"
+    assert cli_main(train(data, out, strategy="ddp", epochs=1, batch=2 * BATCH)) == 0
+    capsys.readouterr()
+    assert cli_main(train(data, out, strategy="fsdp", epochs=2, batch=2 * BATCH, extra=["--resume", "auto"])) == 0
+    said = capsys.readouterr().out
+    assert f"resumed from {out / 'last.pth'} at epoch 1" in said
+    assert "strategy ddp -> fsdp: checkpoints from now on are last/" in said
+    assert cli_main(train(data, out, strategy="ddp", epochs=3, batch=2 * BATCH, extra=["--resume", "auto"])) == 0
+    said = capsys.readouterr().out
+    assert f"resumed from {out / 'last'} at epoch 2" in said
+    assert "strategy fsdp -> ddp: checkpoints from now on are last.pth" in said
+    assert [r["epoch"] for r in metrics(out)] == [0, 1, 2]
+
+
+AGREE = """
+import sys, torch.distributed as dist
+from pathlib import Path
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+from linvit.distributed import on_every_rank
+from linvit.engine import resume
+from linvit.errors import UsageError
+if rank == 1:  # this rank's view of the shared folder differs: it sees no checkpoint there
+    resume.find_resume = lambda *args: None
+path, epoch, is_sharded = resume.agreed_checkpoint(Path(sys.argv[1]), "auto", "ddp")
+print("chose", path.name, epoch, is_sharded)
+if rank == 1:  # ... and reads another epoch from the one rank 0 chose
+    real = resume.read_checkpoint
+    resume.read_checkpoint = lambda *args, **kwargs: {**real(*args, **kwargs), "epoch": 0}
+try:
+    on_every_rank(lambda: resume.read_agreed(path, epoch, is_sharded, rank))
+except UsageError as err:
+    print("refused:", err)
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_resumes_the_checkpoint_rank_0_chose(tmp_path):
+    """Two gloo processes whose views of the folder differ: rank 1 sees no checkpoint, yet resumes the one rank 0
+    chose (the newer: last/ at epoch 1 over last.pth at epoch 0); reading another epoch there stops both ranks
+    with the same line, not one rank alone (the other would wait in the next collective for good)."""
+    fake_checkpoint(tmp_path / "last.pth", 0)
+    fake_checkpoint(tmp_path / "last", 1)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29900 + os.getpid() % 90)}
+    env |= {"WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", AGREE, str(tmp_path)],
+            env={**env, "RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [rank.communicate(timeout=120) for rank in ranks]
+    assert all(rank.returncode == 0 for rank in ranks), [err[-2000:] for _, err in outputs]
+    said = [out.splitlines() for out, _ in outputs]
+    assert said[0] == said[1], said
+    assert said[0][0] == "chose last 1 True"
+    assert said[0][1].startswith("refused: cannot resume from") and "rank 1 reads epoch 1's" in said[0][1]
 
 
 FROZEN_ROOT = """

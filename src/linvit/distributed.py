@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from .errors import UsageError
+
+T = TypeVar("T")
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -64,6 +67,47 @@ def all_reduce_tensor(t: torch.Tensor) -> torch.Tensor:
     if is_distributed():
         dist.all_reduce(t)
     return t
+
+
+def rank0_decides(decide: Callable[[], T]) -> T:
+    """decide() on rank 0 only, its answer (or its error) on every rank: a choice read from the file system
+    (which checkpoint to resume) is one choice, not one per rank's view of a shared folder. Every rank calls it."""
+    if not is_distributed():
+        return decide()
+    box: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            box = [(True, decide())]
+        except Exception as err:
+            dist.broadcast_object_list([(False, (isinstance(err, UsageError), str(err)))], src=0)
+            raise
+    dist.broadcast_object_list(box, src=0)
+    return _answer(*box[0], "rank 0")
+
+
+def on_every_rank(work: Callable[[], T]) -> T:
+    """work() on every rank; a UsageError on any rank is raised on all of them (the lowest failing rank's), so
+    no rank goes on to a collective that the failed ones never join. Every rank calls it."""
+    if not is_distributed():
+        return work()
+    try:
+        outcome = (True, work())
+    except UsageError as err:
+        outcome = (False, (True, str(err)))
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (outcome[0], None if outcome[0] else outcome[1]))
+    failed = next(((rank, error) for rank, (ok, error) in enumerate(every) if not ok), None)
+    if failed is None:
+        return outcome[1]
+    return _answer(False, failed[1], f"rank {failed[0]}")
+
+
+def _answer(ok: bool, value, who: str):
+    """A broadcast outcome back as a value or the exception it was (a UsageError keeps its one line)."""
+    if ok:
+        return value
+    usage, message = value
+    raise UsageError(message) if usage else RuntimeError(f"{who} failed: {message}")
 
 
 def barrier() -> None:

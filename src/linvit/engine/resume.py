@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..distributed import on_every_rank, rank0_decides
 from ..errors import UsageError
 from ..utils.checkpoint import atomic_write_text
 from ..utils.runtime import set_rng_states
@@ -35,27 +36,56 @@ REQUIRED = frozenset({"model", "optimizer", "scheduler", "epoch", "rng"})
 
 
 def find_resume(output: Path, resume: str | None, sharded_first: bool = False) -> Path | None:
-    """--resume auto: OUT/last.pth or OUT/last/ (fsdp's sharded folder; the strategy's own first) if one
-    exists; --resume PATH: that file or sharded folder (a missing one is a usage error)."""
+    """--resume auto: the newer by epoch of OUT/last.pth and OUT/last/ (fsdp's sharded folder), the strategy's
+    own kind on a tie (a run that changed --strategy leaves the other kind's older checkpoint beside its own),
+    or None; --resume PATH: that file or sharded folder (a missing one is a usage error)."""
     if not resume:
         return None
     if resume == "auto":
-        order = (
-            (output / sharded.FOLDER, output / CHECKPOINT)
-            if sharded_first
-            else (output / CHECKPOINT, output / sharded.FOLDER)
-        )
-        # a kill between the sharded save's two renames leaves the previous checkpoint as last.old only
-        order += (output / (sharded.FOLDER + ".old"),)
-        return next((p for p in order if _is_checkpoint(p)), None)
+        found = [p for p in _candidates(output) if _is_checkpoint(p)]
+        return max(found, key=lambda p: (checkpoint_epoch(p), p.is_dir() == sharded_first), default=None)
     path = Path(resume)
     if not _is_checkpoint(path):
         raise UsageError(f"--resume {resume}: checkpoint not found (a last.pth file or an fsdp run's last/ folder)")
     return path
 
 
+def _candidates(output: Path) -> tuple[Path, Path]:
+    """last.pth, and last/ or, when a kill came between the sharded save's two renames, last.old/ (never both: a
+    kill while last.old/ is being removed leaves part of it beside a whole last/)."""
+    folder = output / sharded.FOLDER
+    return output / CHECKPOINT, folder if _is_checkpoint(folder) else output / (sharded.FOLDER + ".old")
+
+
 def _is_checkpoint(path: Path) -> bool:
     return path.is_file() or sharded.is_sharded_checkpoint(path)
+
+
+def checkpoint_epoch(path: Path) -> int:
+    """A checkpoint's last finished epoch, read without loading its tensors (last.pth is memory-mapped)."""
+    return read_checkpoint(path, mmap=True)["epoch"]
+
+
+def agreed_checkpoint(output: Path, resume: str | None, strategy: str) -> tuple[Path, int, bool] | None:
+    """(path, epoch, sharded) of the checkpoint to resume, or None: chosen by rank 0 alone and broadcast, so no
+    rank resumes from another checkpoint than the rest because its view of the folder differs."""
+
+    def decide():
+        path = find_resume(output, resume, strategy == "fsdp")
+        return None if path is None else (path, checkpoint_epoch(path), path.is_dir())
+
+    return rank0_decides(decide)
+
+
+def read_agreed(path: Path, epoch: int, is_sharded: bool, rank: int) -> dict:
+    """The checkpoint rank 0 chose, read on this rank; one line if this rank reads another epoch there."""
+    ckpt = read_checkpoint(path, is_sharded)
+    if ckpt["epoch"] != epoch:
+        raise UsageError(
+            f"cannot resume from {path}: rank {rank} reads epoch {ckpt['epoch'] + 1}'s checkpoint there, rank 0 "
+            f"epoch {epoch + 1}'s; every rank must see the same --output folder (a shared file system)"
+        )
+    return ckpt
 
 
 def stored_value(text: str):
@@ -107,17 +137,17 @@ def check_plan(
     return changes
 
 
-def read_checkpoint(path: Path) -> dict:
-    """A training checkpoint's contents (a sharded folder's replicated part: no model or optimizer); a damaged
-    or foreign file is a usage error that says what to do."""
-    if path.is_dir():
+def read_checkpoint(path: Path, is_sharded: bool | None = None, mmap: bool = False) -> dict:
+    """A training checkpoint's contents (a sharded folder's replicated part: no model or optimizer; mmap: a
+    last.pth's tensors left on disk); a damaged or foreign file is a usage error that says what to do."""
+    if path.is_dir() if is_sharded is None else is_sharded:
         ckpt = sharded.read_extra(path)
         missing = REQUIRED - {"model", "optimizer"} - set(ckpt)
         if missing:
             raise UsageError(f"cannot resume from {path}: not a linvit training checkpoint (no {sorted(missing)})")
         return ckpt
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         missing = REQUIRED - set(ckpt)
     except Exception as err:  # noqa: BLE001 - truncated, corrupt or foreign files all end here
         raise UsageError(
@@ -137,14 +167,15 @@ def resume_run(run, unused: frozenset[str] = frozenset()) -> tuple[int, list[dic
     load_state_dict would bring back the old plan's length, warm-up and minimum. metrics.jsonl is rewritten
     from the checkpoint's history, so the log never holds an epoch the checkpoint does not.
     """
-    path = find_resume(run.output, run.config.resume, run.config.strategy == "fsdp")
-    if path is None:
+    choice = agreed_checkpoint(run.output, run.config.resume, run.config.strategy)
+    if choice is None:
         return 0, []
-    ckpt = read_checkpoint(path)
+    path, epoch, is_sharded = choice
+    ckpt = on_every_rank(lambda: read_agreed(path, epoch, is_sharded, run.rank))
     saved = ckpt.get("args") or {}
     kept_global, world_line = world_change(saved, ckpt.get("world"), run.config.batch_size, run.world)
     new_schedule = check_plan(path, saved, run.config.to_dict(), unused | kept_global)
-    load_weights(run, path, ckpt)
+    load_weights(run, path, ckpt, is_sharded)
     if not new_schedule:
         run.scheduler.load_state_dict(ckpt["scheduler"])
     if run.scaler is not None and ckpt.get("scaler") is not None:
@@ -155,29 +186,42 @@ def resume_run(run, unused: frozenset[str] = frozenset()) -> tuple[int, list[dic
     if run.rank == 0:
         atomic_write_text("".join(json.dumps(h) + "\n" for h in history), run.output / METRICS)
         print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
-        if world_line:
-            print(world_line)
+        for line in (world_line, strategy_change(saved, is_sharded, run.config.strategy)):
+            if line:
+                print(line)
         if new_schedule:
             print(f"new schedule ({describe_changes(new_schedule)}): the learning rate follows it from this epoch on")
     return ckpt["epoch"] + 1, history
 
 
-def load_weights(run, path: Path, ckpt: dict) -> None:
-    """Model, optimizer and EMA from last.pth, or from a sharded folder at any world size; a sharded run takes
-    only the latter."""
+def load_weights(run, path: Path, ckpt: dict, is_sharded: bool) -> None:
+    """Model, optimizer and EMA from last.pth, or from a sharded folder at any world size; a model sharded over
+    several processes takes only the latter."""
     from ..weights import check_num_classes
-    from .sharding import is_sharded
+    from .sharding import is_sharded as sharded_model
 
-    if path.is_dir():
+    if is_sharded:
         sharded.load(run, path)
         return
-    if is_sharded(run.model):
-        raise UsageError(f"cannot resume from {path} with --strategy fsdp: it is a ddp checkpoint; resume it with ddp")
+    if sharded_model(run.model):
+        raise UsageError(
+            f"cannot resume from {path} with --strategy fsdp on {run.world} processes: the newest checkpoint "
+            f"(epoch {ckpt['epoch'] + 1}) is ddp's; resume it with --strategy ddp, or with fsdp on one process"
+        )
     check_num_classes(run.model, ckpt["model"], path)
     run.model.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
     if run.ema is not None and ckpt.get("ema") is not None:
         run.ema.load_state_dict(ckpt["ema"])
+
+
+def strategy_change(saved: Mapping[str, str], is_sharded: bool, strategy: str) -> str | None:
+    """The one line a resume under another --strategy prints: the checkpoint it wrote beside the old one."""
+    old = saved.get("strategy", "fsdp" if is_sharded else "ddp")
+    if old == strategy:
+        return None
+    kind = f"{sharded.FOLDER}/" if strategy == "fsdp" else CHECKPOINT
+    return f"strategy {old} -> {strategy}: checkpoints from now on are {kind} (--resume auto takes the newer by epoch)"
 
 
 def world_change(saved: Mapping[str, str], saved_world, batch_size: int, world: int) -> tuple[frozenset, str | None]:
