@@ -39,6 +39,13 @@ def accumulation_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+def elu_plus_one(t: torch.Tensor) -> torch.Tensor:
+    """ELU(t) + 1, written as exp(t) for t <= 0 and t + 1 above: elu(t) + 1 = (exp(t) - 1) + 1 rounds to exactly 0
+    below t = -17 in float32 (a dead feature where exp(t) is still 4e-8). exp reads min(t, 0), so its unused
+    branch neither overflows nor sends inf x 0 = NaN into the gradient at large t."""
+    return torch.where(t > 0, t + 1.0, torch.exp(t.clamp(max=0.0)))
+
+
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 

@@ -19,6 +19,7 @@ from .common import (
     accumulation_dtype,
     check_qkv,
     eager_autocast_off,
+    elu_plus_one,
     float32_matmul,
     gamma_as_tensor,
     is_exporting,
@@ -347,7 +348,7 @@ def linear_scores(logits: torch.Tensor, variant: str) -> torch.Tensor:
     if variant == "softplus":
         return F.softplus(logits)
     if variant == "elu+1":
-        return F.elu(logits) + 1.0
+        return elu_plus_one(logits)
     return torch.relu(logits)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from .common import (
     GammaLike,
@@ -22,6 +21,7 @@ from .common import (
     as_batched,
     check_qkv,
     eager_autocast_off,
+    elu_plus_one,
     gamma_as_tensor,
     is_exporting,
     no_autocast,
@@ -39,7 +39,7 @@ def feature_map(t: torch.Tensor, kind: str = "relu") -> torch.Tensor:
     if kind == "relu":
         return torch.relu(t)
     if kind == "elu+1":
-        return F.elu(t) + 1.0
+        return elu_plus_one(t)
     raise ValueError(f"feature_map must be 'relu', 'elu+1' or 'identity', got '{kind}'")
 
 
