@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from .common import accumulation_dtype, no_autocast
+from .common import accumulation_dtype, gamma_as_tensor, no_autocast
 from .katz_causal import CHUNK, FEATURES, CausalKatzState, _inputs, causal_katz_chunked, causal_katz_recurrent
 from .linear_causal import pooled_chunk
 
@@ -92,14 +92,18 @@ def window_causal_chunked(
     chunk_size: int = CHUNK,
     key_mask: torch.Tensor | None = None,
     resets: torch.Tensor | None = None,
+    window_log_weight=None,
 ) -> tuple[torch.Tensor, WindowState]:
     """The hybrid of (B, H, N, d) q, k and (B, H, N, D) v, continuing from state (None: the start), chunk by chunk.
 
     gamma: Katz-InfSA's discount (float or (H,)) over the older tokens; None for linear attention. scale: the
     softmax's (default d^-0.5). features: (phi(q), phi(k)) already mapped (a learned map), else feature_map of
-    q and k. key_mask (B, N), True = keep; resets (B, N), True where a packed document starts. Returns the
-    output in v's dtype and the state after the last token."""
-    return _hybrid(q, k, v, window, gamma, scale, feature_map, features, eps, state, chunk_size, key_mask, resets)
+    q and k. key_mask (B, N), True = keep; resets (B, N), True where a packed document starts.
+    window_log_weight (float or (H,), opt-in): log of a per-head factor on the window's softmax terms (LoLCATs'
+    learned window factor, docs/spec/infsa.md 4.2); None (the default) is no factor. Returns the output in v's
+    dtype and the state after the last token."""
+    args = (gamma, scale, feature_map, features, eps, state, chunk_size, key_mask, resets, window_log_weight)
+    return _hybrid(q, k, v, window, *args)
 
 
 def window_causal_recurrent(
@@ -116,6 +120,7 @@ def window_causal_recurrent(
     state: WindowState | None = None,
     key_mask: torch.Tensor | None = None,
     resets: torch.Tensor | None = None,
+    window_log_weight=None,
 ) -> tuple[torch.Tensor, WindowState]:
     """Decoding: the tokens one at a time, O(W d + f D) work per token and head from the ring and the states.
     Same arguments, results and dtypes as window_causal_chunked."""
@@ -137,12 +142,13 @@ def window_causal_recurrent(
             1,
             None if key_mask is None else key_mask[:, part],
             None if resets is None else resets[:, part],
+            window_log_weight,
         )
         outs.append(out)
     return (torch.cat(outs, dim=2) if outs else v), state
 
 
-def _hybrid(q, k, v, window, gamma, scale, feature_map, features, eps, state, chunk_size, key_mask, resets):
+def _hybrid(q, k, v, window, gamma, scale, feature_map, features, eps, state, chunk_size, key_mask, resets, log_weight):
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ValueError(f"window must be a positive whole number of tokens, got {window!r}")
     if chunk_size < 1:
@@ -171,7 +177,8 @@ def _hybrid(q, k, v, window, gamma, scale, feature_map, features, eps, state, ch
             )  # fmt: skip
             x = vv + hops
         entries = _entries(state, k.to(dtype), fk, vv, x, keep, document)
-        out, delayed = _chunks(q.to(dtype), fq, entries, document, window, scale, state, chunk_size)
+        bias = None if log_weight is None else gamma_as_tensor(log_weight, q.shape[1], fq)  # (1, H, 1, 1)
+        out, delayed = _chunks(q.to(dtype), fq, entries, document, window, scale, state, chunk_size, bias)
     ring = [None if t is None else t[..., -window:, :] if t.dim() == 4 else t[:, -window:] for t in entries]
     new = (*ring, *delayed, document[:, -1], *(katz_state if katz else (None, None)))
     # copies: a view would keep the whole prompt's keys (or its document numbers) alive in the cache
@@ -196,9 +203,10 @@ def _entries(state: WindowState, k, fk, v, x, keep, document):
     )
 
 
-def _chunks(q, fq, entries, document, window, scale, state, chunk_size):
+def _chunks(q, fq, entries, document, window, scale, state, chunk_size, bias=None):
     """Each chunk of queries: the delayed state's rows (pooled_chunk over entries a..b-1, keys shifted by W)
-    and the window's band (entries a+1..b-1+W), combined in one frame."""
+    and the window's band (entries a+1..b-1+W), combined in one frame; bias (1, H, 1, 1) or None is added to
+    the window's scores (the log of a per-head factor)."""
     keys, features, values, carried, keep, entry_document = entries
     x = values if carried is None else carried
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -220,12 +228,13 @@ def _chunks(q, fq, entries, document, window, scale, state, chunk_size):
                 window,
                 numerator,
                 denominator,
+                bias,
             )  # fmt: skip
         )
     return torch.cat(outs, dim=2), (S, z, state_document)
 
 
-def _combine(q, keys, values, visible, window, numerator, denominator):
+def _combine(q, keys, values, visible, window, numerator, denominator, bias=None):
     """One chunk's output: window weights exp(s - f) on the band e - i in [0, W) (visible (B, C, C + W - 1):
     kept, same document), the delayed rows' weight exp(log(denominator) - f) on their mean, one normaliser.
     Scores are masked before exp; a row without older keys (denominator 0) takes log = -inf, never 0 x inf."""
@@ -233,7 +242,10 @@ def _combine(q, keys, values, visible, window, numerator, denominator):
     i = torch.arange(C, device=q.device)[:, None]
     e = torch.arange(keys.shape[-2], device=q.device)[None, :]
     band = (e >= i) & (e < i + window)
-    scores = (q @ keys.transpose(-2, -1)).masked_fill(~(band & visible)[:, None], float("-inf"))
+    scores = q @ keys.transpose(-2, -1)
+    if bias is not None:  # exp(s + log c) = c exp(s): the factor enters the frame with the scores
+        scores = scores + bias
+    scores = scores.masked_fill(~(band & visible)[:, None], float("-inf"))
     tiny = torch.finfo(scores.dtype).tiny
     present = denominator > 0
     log_older = torch.where(present, torch.log(denominator.clamp_min(tiny)), float("-inf"))
