@@ -77,6 +77,7 @@ def convert_language_model(
         raise UsageError(
             "encoder-decoder models (cross-attention over the encoder) are not supported; decoders and encoders are"
         )
+    refuse_what_conversion_drops(model, modules)
     current = str(getattr(model.config, "_attn_implementation", None))
     previous = getattr(getattr(model, "linvit_conversion", None), "variant", None)
     asked = report.variant  # the whole form, "katz_infsa:hedgehog"
@@ -108,6 +109,28 @@ def convert_language_model(
     _add_discounts(model, modules, gamma_init, report, _remember_cache)
     model.set_attn_implementation(ATTENTION_NAME)
     return model
+
+
+def refuse_what_conversion_drops(model: nn.Module, modules) -> None:
+    """One line instead of a silently different model: no converted form applies attention logit soft-capping
+    (Gemma 2: c tanh(s / c) before the softmax) or attention sinks (gpt-oss: a learned logit per head in every
+    softmax's normaliser), so a model that has either is refused."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    caps = [getattr(config, "attn_logit_softcapping", None)] + [
+        getattr(module, "attn_logit_softcapping", None) for _, module in modules
+    ]
+    cap = next((c for c in caps if c is not None), None)
+    if cap is not None:
+        raise UsageError(
+            f"{type(model).__name__} soft-caps its attention logits (attn_logit_softcapping={cap}), which no converted "
+            "attention form applies: converting would silently change every layer's scores"
+        )
+    sinks = [name for name, m in modules if any(getattr(m, a, None) is not None for a in ("sinks", "sink_proj"))]
+    if sinks:
+        raise UsageError(
+            f"{type(model).__name__} has attention sinks (a learned logit in every softmax's normaliser, {sinks[0]}), "
+            "which no converted attention form applies: converting would silently drop them"
+        )
 
 
 def _add_discounts(model, modules, gamma_init: float | None, report, pre_hook) -> None:
