@@ -28,6 +28,7 @@ Each part writes OUT/<part>/summary.json; every run folder is reused when it fin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -94,7 +95,10 @@ def methods(mixer: str) -> dict[str, str]:
 
 
 RECIPE = RECIPES["full"]
-PARTS = {"digit": "vision", "max": "vision_max"}  # the protocol's task -> its part's folder under OUT
+# the protocol's task -> its part's folder under OUT; digit64: `digit` at patch 4, 64 tokens (issue 44.4: where
+# linear time matters), its own teachers on the protocol's recipe
+PARTS = {"digit": "vision", "max": "vision_max", "digit64": "vision64"}
+VISION_TASKS = {**TASKS, "digit64": dataclasses.replace(TASKS["digit"], patch=4)}
 
 
 def lm_experiment():
@@ -114,7 +118,7 @@ def vision_stages(out: str, seeds: list[int], task_name: str = "digit", budgets=
     """The teachers, then every run at the goal's 10% budget, then at 5%, then 25% (distillation before the
     comparisons), so a sweep cut short has the goal's rows first. On `digit`, also the recipes kept as evidence
     for the chosen ones (both first discounts, the 1 + 2 split for every mixer)."""
-    task, part = TASKS[task_name], f"{out}/{PARTS[task_name]}"
+    task, part = VISION_TASKS[task_name], f"{out}/{PARTS[task_name]}"
     stages = [Planner(part, "cpu", RECIPE).train(task, "softmax", seed) for seed in seeds]
     for budget in budgets:
         data = f"digits:{task.name},canvas={task.canvas},clutter={task.clutter},length={canvases(budget)}"
@@ -202,7 +206,7 @@ def vision_summary(out: Path, seeds: list[int], task_name: str = "digit") -> dic
     part = out / PARTS[task_name]
     teachers = {}
     for seed in seeds:
-        metrics = part / f"runs/{task_name}/softmax/s{seed}/metrics.jsonl"
+        metrics = part / f"runs/{VISION_TASKS[task_name].name}/softmax/s{seed}/metrics.jsonl"
         if metrics.is_file():
             teachers[seed] = last_metrics(metrics)["val_top1"]
     rows = []
@@ -231,7 +235,14 @@ def vision_summary(out: Path, seeds: list[int], task_name: str = "digit") -> dic
                     }
                 )
     teacher = mean_interval(list(teachers.values()))
-    return {"task": task_name, "teacher_val_top1": teacher, "teachers": teachers, "rows": rows}
+    tokens = (VISION_TASKS[task_name].canvas // VISION_TASKS[task_name].patch) ** 2
+    return {
+        "task": VISION_TASKS[task_name].name,
+        "tokens": tokens,
+        "teacher_val_top1": teacher,
+        "teachers": teachers,
+        "rows": rows,
+    }
 
 
 def language_teacher(out: Path, seed: int, lm, context: int = 128) -> Path:

@@ -26,7 +26,8 @@ LANGUAGE_PARTS = {
 }
 ANCHOR = "linear_attention:hedgehog"  # the field's form that Katz's students are judged against (issue 44)
 SHORT_NAMES = {"katz_infsa:hedgehog": "Katz-InfSA + hedgehog maps", ANCHOR: "adala: linear attn. + hedgehog"}
-VISION_PARTS = {"vision": "retention.png", "vision_max": "retention_max.png"}  # summary -> its figure, docs/distill
+# summary -> its figure, docs/distill
+VISION_PARTS = {"vision": "retention.png", "vision_max": "retention_max.png", "vision64": "retention_64.png"}
 
 
 def _interval(summary: dict, digits: int = 1) -> str:
@@ -40,7 +41,8 @@ def vision_table(vision: dict) -> str:
     seeds = ", ".join(str(s) for s in sorted(vision["teachers"]))
     methods = {r["method"] for r in vision["rows"]}
     caption = (
-        f"Teachers: softmax ViT-4L on `{vision.get('task', 'digit')}`, 868 steps (the reproduce protocol), seeds "
+        f"Teachers: softmax ViT-4L on `{vision.get('task', 'digit')}` at {vision.get('tokens', 16)} tokens, 868 "
+        "steps (the reproduce protocol), seeds "
         f"{seeds}: val top-1 {_interval(teacher)}. Students get budget x 868 steps in 3 epochs; the comparisons "
         "train the same steps. `distill`: Katz and pure InfSA spend 2 epochs on attention transfer "
         "(`--transfer-lr 2e-3`) and 1 end to end, Linear-InfSA 1 and 2 (`--transfer-lr 1e-3`). Means over seeds, "
@@ -92,7 +94,8 @@ def goals(summaries: dict) -> str:
             if not r["mixer"].startswith("katz_infsa"):
                 continue
             met = "met" if r["retention"]["mean"] >= 99 else "missed"
-            line = f"- `{task}`, {NAMES[r['mixer']]} at {r['budget']:.0%}: retention {_interval(r['retention'])}: {met}"
+            where = f"`{task}` at {summaries[part].get('tokens', 16)} tokens"
+            line = f"- {where}, {NAMES[r['mixer']]} at {r['budget']:.0%}: retention {_interval(r['retention'])}: {met}"
             if r["budget"] in anchors:
                 beats = "at least" if r["retention"]["mean"] >= anchors[r["budget"]] else "below"
                 line += f"; {beats} the anchor `adala` ({anchors[r['budget']]:.1f})"
@@ -151,8 +154,10 @@ def tables(summaries: dict) -> str:
     for part, figure_name in VISION_PARTS.items():
         if part in summaries:
             task = summaries[part].get("task", "digit")
-            parts += [f"### Vision: the reproduce protocol's softmax ViT-4L on `{task}`", vision_table(summaries[part])]
-            parts.append(f"![retention against budget on {task}](distill/{figure_name})")
+            tokens = summaries[part].get("tokens", 16)
+            title = f"### Vision: the reproduce protocol's softmax ViT-4L on `{task}` at {tokens} tokens"
+            parts += [title, vision_table(summaries[part])]
+            parts.append(f"![retention against budget on {task} at {tokens} tokens](distill/{figure_name})")
     for part, teacher in LANGUAGE_PARTS.items():
         if part in summaries:
             context = summaries[part].get("context", 128)
