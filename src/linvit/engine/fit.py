@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from ..config import TrainConfig
 from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..utils import compile_model, output_dir
+from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import seed_everything
 from . import record, sharded_checkpoint, sharding
 from .recipe import train_loader, training_recipe, wrap_ddp
@@ -213,9 +214,11 @@ def finish(task: Task, run: Run, run_info: dict) -> None:
     per_rank = all_reduce_sum([mine if r == run.rank else 0 for r in range(run.world)], run.device)
     run_info = {**run_info, "state_bytes_per_rank": [int(b) for b in per_rank]}
     model = task.final_model(run)
-    state = sharding.full_state_dict(model) if sharding.is_sharded(model) else None  # collective: to rank 0's CPU
+    written = sharding.is_sharded(model)
+    if written:  # collective: every rank gathers tensor by tensor, rank 0 writes each
+        sharding.save_full_weights(model, run.output / WEIGHTS if run.rank == 0 else None)
     if run.rank == 0:
-        record.save_final_model(run.output, model, run_info, run.config, run.history, run.parts.label_names, state)
+        record.save_final_model(run.output, model, run_info, run.config, run.history, run.parts.label_names, written)
         drop_stale_rank_records(run.output, run.world)
     if run.world > 1:
         (run.output / f"final_val_rank{run.rank}.json").write_text(json.dumps(run.history[-1]))

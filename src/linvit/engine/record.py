@@ -35,13 +35,13 @@ def format_record(record: dict) -> str:
 
 
 def save_final_model(
-    output: Path, model: nn.Module, run_info: dict, config: Config, history: list, labels, state: dict | None = None
+    output: Path, model: nn.Module, run_info: dict, config: Config, history: list, labels, weights_written=False
 ) -> None:
-    """OUT becomes a model folder: the final weights (state: a sharded model's, gathered), timm's config.json
+    """OUT becomes a model folder: the final weights (unless weights_written: a sharded model's), timm's config.json
     with run_info, the config and the last epoch's metrics under "linvit", and a README.md model card."""
     info = {**run_info, "parameters": sum(p.numel() for p in model.parameters()), "final": history[-1]}
     info["args"] = config.to_dict()
-    save_model_folder(output, model, info, labels, state)
+    save_model_folder(output, model, info, labels, weights_written)
     card = json.loads((output / CONFIG).read_text())
     write_model_card(output, card, history, f"linvit {run_info.get('command', 'train')}")
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 from ..errors import UsageError
+from ..utils.artifacts import layout_of, write_safetensors
 
 STRATEGIES = ("ddp", "fsdp")
 BLOCK_LISTS = ("blocks", "layers", "h")  # timm's ViTs and stages, HF decoders (model.layers, GPT-2's h)
@@ -129,12 +131,20 @@ def gathered(*models: nn.Module | None, frozen: tuple | list = ()) -> Iterator[N
             module.set_reshard_after_forward(not any(module is root for root in trained), recurse=False)
 
 
-def full_state_dict(model: nn.Module) -> dict:
-    """A sharded model's plain state dict, gathered to rank 0's CPU one tensor at a time (a collective: every
-    rank calls it; the other ranks get {})."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def save_full_weights(model: nn.Module, path: Path | None) -> None:
+    """A sharded model's plain model.safetensors (path on rank 0, None on the others), never whole on one rank:
+    every rank gathers one tensor at a time in the same order (DTensor.full_tensor, a collective), rank 0 writes
+    it from host memory and drops it before the next. Beyond its shards rank 0 holds one whole tensor."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.tensor import DTensor
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model)  # this rank's shards (DTensors) under the plain model's names
+
+    def fetch(key: str) -> torch.Tensor:
+        value = state[key]
+        return value.full_tensor() if isinstance(value, DTensor) else value
+
+    write_safetensors(path, layout_of(state), fetch)
 
 
 def state_bytes(model: nn.Module, optimizer) -> int:

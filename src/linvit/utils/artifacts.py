@@ -4,7 +4,8 @@ A classification run's folder loads with ``timm.create_model("local-dir:RUN", pr
 ``import linvit``) and ``linvit eval --checkpoint RUN``, and its pretrained_cfg carries the run's own data config
 (input size, crop, mean/std, interpolation), so timm's resolve_model_data_config + create_transform feed the
 model what it was trained on. Every run folder, segmentation and detection included, loads with
-``linvit.load_run(RUN)``. timm's own ``save_for_hf`` writes the weights and the
+``linvit.load_run(RUN)``. The weights are written one tensor at a time (write_safetensors: no copy of the whole
+state; a sharded model's gathered tensor by tensor), timm's own ``save_config_for_hf`` writes the
 config (architecture, model_args, num_classes, label names, data config); linvit adds a ``linvit`` section
 (task, model spec, conversion, which weights were saved, the final metrics) that its commands read back.
 Models timm did not create (the segmenter) get the same files with the ``linvit`` section only. This module
@@ -14,11 +15,14 @@ writes run folders; linvit.weights reads them back.
 from __future__ import annotations
 
 import json
+import math
+import os
+import struct
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.nn as nn
-from safetensors.torch import save_file
-from timm.models import save_for_hf
 from timm.models._hub import save_config_for_hf
 
 from .checkpoint import atomic_write_text
@@ -26,14 +30,66 @@ from .checkpoint import atomic_write_text
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 CARD = "README.md"
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def write_safetensors(
+    path: Path | None, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]], fetch: Callable[[str], torch.Tensor]
+) -> None:
+    """safetensors' format written one tensor at a time, so no copy of the whole state is ever held (safetensors'
+    save_file serialises it all first): the header from layout ({name: (dtype, shape)}), then fetch(name)'s bytes,
+    larger elements first so that every tensor stays aligned. fetch is called for every name in the same order on
+    every caller; path None writes nothing (a rank that only helps gather a sharded model's tensors)."""
+    order = sorted(layout, key=lambda k: (-layout[k][0].itemsize, k))
+    header, offset = {}, 0
+    for key in order:
+        dtype, shape = layout[key]
+        size = math.prod(shape) * dtype.itemsize
+        header[key] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape)}
+        header[key]["data_offsets"] = [offset, offset + size]
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors pads it
+    tmp = None if path is None else Path(path).with_name(Path(path).name + ".tmp")
+    with open(tmp, "wb") if tmp is not None else open(os.devnull, "wb") as out:
+        out.write(struct.pack("<Q", len(text)) + text)
+        for key in order:
+            tensor = fetch(key)
+            if tmp is not None:
+                if (tensor.dtype, tuple(tensor.shape)) != layout[key]:
+                    raise RuntimeError(f"{key}: {tensor.dtype} {tuple(tensor.shape)}, its header says {layout[key]}")
+                out.write(memoryview(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+            del tensor
+    if tmp is not None:
+        os.replace(tmp, path)
+
+
+def layout_of(state: dict) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """{name: (dtype, shape)} of a state dict (a sharded one's DTensors report their full shape)."""
+    return {key: (value.dtype, tuple(value.shape)) for key, value in state.items()}
 
 
 def save_model_folder(
-    output: Path, model: nn.Module, info: dict, label_names: list[str] | None = None, state: dict | None = None
+    output: Path, model: nn.Module, info: dict, label_names: list[str] | None = None, weights_written: bool = False
 ) -> None:
-    """model.safetensors + config.json (timm's layout when timm built the model, info under "linvit"); state: the
-    weights to write instead of model.state_dict() (a sharded model's, gathered by the caller)."""
+    """model.safetensors + config.json (timm's layout when timm built the model, info under "linvit");
+    weights_written: the caller wrote model.safetensors (a sharded model's, gathered tensor by tensor)."""
     output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    if not weights_written:
+        state = model.state_dict()
+        write_safetensors(output / WEIGHTS, layout_of(state), state.__getitem__)
     cfg = getattr(model, "pretrained_cfg", None)
     if isinstance(cfg, dict) and cfg.get("architecture") and hasattr(model, "num_classes"):
         if info.get("data_config"):  # what the run trained and evaluated on, not the architecture's default
@@ -41,27 +97,10 @@ def save_model_folder(
         model_config = {"linvit": info}
         if label_names:
             model_config["label_names"] = list(label_names)
-        if state is None:
-            save_for_hf(model, output, model_config=model_config, safe_serialization=True)
-        else:  # timm's two steps, with the gathered weights
-            save_file(_unshared(state), str(output / WEIGHTS))
-            save_config_for_hf(model, output / CONFIG, model_config=model_config)
+        save_config_for_hf(model, output / CONFIG, model_config=model_config)  # save_for_hf's config, weights above
         return
-    save_file(_unshared(model.state_dict() if state is None else state), str(output / WEIGHTS))
     config = {"linvit": info, **({"label_names": list(label_names)} if label_names else {})}
     atomic_write_text(json.dumps(config, indent=2, default=str), output / CONFIG)
-
-
-def _unshared(state: dict) -> dict:
-    """Contiguous tensors, a copy of each that shares memory with an earlier one (tied weights, such as a
-    language model's embeddings and output layer), which safetensors refuses to write twice."""
-    seen, out = set(), {}
-    for key, value in state.items():
-        value = value.contiguous()
-        pointer = value.untyped_storage().data_ptr()
-        out[key] = value.clone() if pointer in seen else value
-        seen.add(pointer)
-    return out
 
 
 def pretrained_data_fields(data_config: dict) -> dict:
