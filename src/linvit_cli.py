@@ -171,15 +171,39 @@ def _add_device_arg(p, default: str = "auto", help: str = "auto: cuda when torch
 
 
 MODEL_HELP = "registered model name, optionally with a :variant suffix"
-# the mixer of generate's DiT, spelled as --convert spells it; the value is linvit.models.dit's name for it
-MIXER_NAMES = {"softmax": "softmax", "linear_infsa": "linear", "pure_infsa": "pure", "katz_infsa": "katz"}
-MIXER_NAMES["weightformer"] = "weightformer"
-# linvit.conversion.FORMS without importing torch (tests/test_cli_consistency.py checks they are the same): the
-# variants, a stabilised Linear-InfSA (docs/spec/infsa.md 3.1), Katz-InfSA's other feature maps (the learned
-# "hedgehog" one: layers.feature_maps) and the anchor form, plain linear attention (layers.linear_attention)
-CONVERT_VARIANTS = ("pure_infsa", "linear_infsa", "katz_infsa", "linear_attention")
-CONVERT_VARIANTS += ("linear_infsa:floor", "linear_infsa:softplus", "linear_infsa:elu+1")
-CONVERT_VARIANTS += ("katz_infsa:elu+1", "katz_infsa:hedgehog", "linear_attention:relu", "linear_attention:hedgehog")
+# linvit.conversion.FORMS and linvit.models.dit.dit_mixers() as linvit registers them, without importing torch
+# (tests/test_cli_consistency.py checks they are the same): the variants, a stabilised Linear-InfSA
+# (docs/spec/infsa.md 3.1), Katz-InfSA's other feature maps (the learned "hedgehog" one: layers.feature_maps) and
+# the anchor form, plain linear attention (layers.linear_attention)
+BUILTIN_FORMS = ("pure_infsa", "linear_infsa", "katz_infsa", "linear_attention")
+BUILTIN_FORMS += ("linear_infsa:floor", "linear_infsa:softplus", "linear_infsa:elu+1")
+BUILTIN_FORMS += ("katz_infsa:elu+1", "katz_infsa:hedgehog", "linear_attention:relu", "linear_attention:hedgehog")
+BUILTIN_DIT_MIXERS = ("softmax", "pure_infsa", "linear_infsa", "katz_infsa", "linear_attention", "weightformer")
+
+
+class _Registered:
+    """argparse choices read from linvit's mixer registry (linvit.mixers), so a mixer registered in this process
+    is one: a value is checked against the registry (loading linvit, which the command runs anyway), and --help,
+    which must not load torch, lists the built-in ones until linvit is loaded."""
+
+    def __init__(self, builtin: tuple[str, ...], dit: bool = False) -> None:
+        self.builtin, self.dit = builtin, dit
+
+    def registered(self) -> tuple[str, ...]:
+        from linvit.mixers import conversion_forms
+        from linvit.models.dit import dit_mixers
+
+        return dit_mixers() if self.dit else conversion_forms()
+
+    def __contains__(self, value) -> bool:
+        return value in self.registered()
+
+    def __iter__(self):
+        return iter(self.registered() if "linvit.mixers" in sys.modules else self.builtin)
+
+
+CONVERT_VARIANTS = _Registered(BUILTIN_FORMS)
+DIT_MIXERS = _Registered(BUILTIN_DIT_MIXERS, dit=True)
 
 
 def _add_convert_arg(p: argparse.ArgumentParser, source: str = "--pretrained-file") -> None:
@@ -332,13 +356,11 @@ def _add_dense_train_args(p: argparse.ArgumentParser, splits: tuple[str, str], e
 
 
 def _mixer(text: str) -> str:
-    """argparse type of generate's --mixer: linear_infsa (or the old linear, with a note) -> linear."""
-    if text in MIXER_NAMES:
-        return MIXER_NAMES[text]
+    """argparse type of generate's --mixer: the old linear, pure, katz (with a note) -> linear_infsa, ..."""
     if text in ("linear", "pure", "katz"):
         _deprecated(f"--mixer {text}", f"--mixer {text}_infsa")
-        return text
-    raise argparse.ArgumentTypeError(f"expected one of {', '.join(MIXER_NAMES)}, got {text!r}")
+        return f"{text}_infsa"
+    return text
 
 
 def _check_crop(args: argparse.Namespace) -> None:
@@ -646,8 +668,8 @@ def _add_generate_train_command(gen: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--mixer",
         type=_mixer,
+        choices=DIT_MIXERS,
         default="softmax",
-        metavar="{" + ",".join(MIXER_NAMES) + "}",
         help="the token mixer of every block",
     )
     t.add_argument("--size", choices=("tiny", "S", "B", "L", "XL"), default="tiny", help="DiT size (tiny: CPU)")

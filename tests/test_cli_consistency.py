@@ -113,9 +113,10 @@ def test_old_spellings_still_work_for_one_release_and_say_so(capsys, tmp_path):
     args = linvit_cli.parse_args(["segment", "predict", "x.png", "--checkpoint", "run", "--img-size", "64"])
     assert args.img_size == 64 and "--img-size is deprecated, use --resize" in capsys.readouterr().err
     args = linvit_cli.parse_args(["generate", "train", "--data", "d", "--output", "o", "--mixer", "linear_infsa"])
-    assert args.mixer == "linear" and capsys.readouterr().err == ""
+    assert args.mixer == "linear_infsa" and capsys.readouterr().err == ""  # one spelling, the registry's
     args = linvit_cli.parse_args(["generate", "train", "--data", "d", "--output", "o", "--mixer", "katz"])
-    assert args.mixer == "katz" and "--mixer katz is deprecated, use --mixer katz_infsa" in capsys.readouterr().err
+    assert args.mixer == "katz_infsa"
+    assert "--mixer katz is deprecated, use --mixer katz_infsa" in capsys.readouterr().err
     config = tmp_path / "run.yaml"
     config.write_text("out: folder\n")  # a --config file with the old key: also satisfies the required flag
     args = linvit_cli.parse_args(["data", "digits", "--config", str(config)])
@@ -141,7 +142,10 @@ def test_a_config_file_value_parses_as_its_flag_would(tmp_path):
 
 
 def test_the_convert_and_mixer_choices_are_linvit_convert_forms():
-    """The parser spells conversion.FORMS by hand (it imports no torch): every form, nothing else, in order."""
+    """The parser's torch-free lists (its --help before linvit loads) are the registry's built-in mixers: every
+    form, nothing else, in order; once linvit is loaded the choices are the registry's."""
     from linvit.conversion import FORMS
+    from linvit.models.dit import dit_mixers
 
-    assert linvit_cli.CONVERT_VARIANTS == FORMS
+    assert linvit_cli.BUILTIN_FORMS == FORMS and tuple(linvit_cli.CONVERT_VARIANTS) == FORMS
+    assert linvit_cli.BUILTIN_DIT_MIXERS == dit_mixers() == tuple(linvit_cli.DIT_MIXERS)

@@ -93,7 +93,7 @@ def test_every_mixer_starts_at_zero_and_runs_at_any_grid(mixer):
         model(torch.zeros(1, 4, 15, 16), t[:1], y[:1])
 
 
-@pytest.mark.parametrize("mixer", ["pure", "linear", "katz"])
+@pytest.mark.parametrize("mixer", ["pure_infsa", "linear_infsa", "katz_infsa"])
 def test_infsa_discounts_learn(mixer):
     model = _randomise(DiT(**TINY, mixer=mixer)).train()
     x, t, y = _inputs()
@@ -103,7 +103,7 @@ def test_infsa_discounts_learn(mixer):
 
 
 def test_guidance_scale_one_is_the_conditional_prediction():
-    model = _randomise(DiT(**TINY, mixer="linear")).eval()
+    model = _randomise(DiT(**TINY, mixer="linear_infsa")).eval()
     x, t, y = _inputs(batch=2)
     labels = torch.tensor([3, 10])  # the second half carries the "no class" label
     with torch.no_grad():

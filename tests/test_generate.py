@@ -62,7 +62,7 @@ def test_training_resumes_after_sigkill_exactly(tmp_path):
     )
 
 
-@pytest.mark.parametrize("mixer", ["softmax", "linear"])
+@pytest.mark.parametrize("mixer", ["softmax", "linear_infsa"])
 def test_sample_writes_a_grid_of_the_asked_classes(tmp_path, mixer):
     run = tmp_path / "run"
     assert (
@@ -158,7 +158,7 @@ def test_score_judges_samples_with_a_linvit_classifier(tmp_path):
                 "--output",
                 str(gen_run),
                 "--mixer",
-                "katz",
+                "katz_infsa",
                 "--epochs",
                 "1",
                 "--batch-size",
@@ -181,7 +181,7 @@ def test_score_judges_samples_with_a_linvit_classifier(tmp_path):
     assert cli_main([*argv, "--steps", "3", "--json", str(out), "--no-progress"]) == 0
     result = json.loads(out.read_text())
     assert 0 <= result["class_accuracy"] <= 1 and result["frechet_distance"] >= 0
-    assert (result["samples"], result["real_images"], result["mixer"]) == (20, 20, "katz")
+    assert (result["samples"], result["real_images"], result["mixer"]) == (20, 20, "katz_infsa")
     assert 0 <= result["real_class_accuracy"] <= 1 and (20 * result["real_class_accuracy"]).is_integer()
     assert result["real_frechet_distance"] >= 0 and result["sampling_seconds"] > 0
     argv[5] = str(gen_run)  # a generator is not a classifier
@@ -195,11 +195,11 @@ def test_bench_generate_times_a_guided_sampling_step_and_a_training_step():
 
     spec = dict(task="generate", iters=1, warmup=1, model_kwargs={"size": "tiny"})
     gflops = {}
-    for mixer in ("softmax", "linear"):
+    for mixer in ("softmax", "linear_infsa"):
         small, large = (measure({**spec, "model": mixer, "res": res}) for res in (16, 32))
         assert (small["tokens"], large["tokens"]) == (64, 256)  # DiT's patch 2
         gflops[mixer] = large["gflops"] / small["gflops"]
-    assert gflops["softmax"] > 4.5 and gflops["linear"] < 4.05, gflops
+    assert gflops["softmax"] > 4.5 and gflops["linear_infsa"] < 4.05, gflops
     train = measure({**spec, "model": "weightformer", "res": 16, "mode": "train", "batch": 2})
     assert train["status"] == "ok" and train["gflops"] > 0 and train["params"] > 0
 
@@ -207,10 +207,11 @@ def test_bench_generate_times_a_guided_sampling_step_and_a_training_step():
 def test_bench_generate_names_the_mixers_it_takes(tmp_path, capsys):
     argv = ["bench", "--task", "generate", "--models", "vit_4l_patch16_224", "--res", "16", "--output", str(tmp_path)]
     assert cli_main(argv) == 2
-    from linvit.models.dit import MIXERS
+    from linvit.models.dit import dit_mixers
 
-    assert MIXERS[:4] == ("softmax", "pure", "linear", "katz") and MIXERS[-1] == "weightformer"
-    assert f"--task generate takes DiT mixers as --models ({', '.join(MIXERS)})" in capsys.readouterr().err
+    assert dit_mixers()[:4] == ("softmax", "pure_infsa", "linear_infsa", "katz_infsa")
+    assert dit_mixers()[-1] == "weightformer"
+    assert f"--task generate takes DiT mixers as --models ({', '.join(dit_mixers())})" in capsys.readouterr().err
 
 
 def _tiny_vae(folder):

@@ -1,7 +1,9 @@
 """Imports run one way: ops <- layers <- models <- data/utils <- engines <- applications <- reproduce <- cli.
 
 Walks every module's import statements (ast, nothing is executed) and fails on an import from a higher
-tier, on two application packages importing each other, and on a private name imported across packages.
+tier, on two application packages importing each other, on a private name imported across packages, and on an
+import circle between modules (one held apart by an import inside a function counts too, unless that import
+keeps an optional dependency optional: OPTIONAL_EDGES). Every public name imports on its own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ TIERS = {
     "errors": 0,
     "ops": 0,
     "config": 0,
+    "mixers": 0,
     "layers": 1,
     "models": 2,
     "data": 3,
@@ -117,3 +120,90 @@ def test_help_does_not_import_torch():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# imports inside functions that close a circle and may: they keep an optional dependency optional
+OPTIONAL_EDGES = {("linvit.conversion.language", "linvit.conversion.language_katz")}  # transformers
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = ("linvit", *path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str, root: Path) -> bool:
+    rel = Path(*name.split(".")[1:])
+    return (root / rel).with_suffix(".py").is_file() or (root / rel / "__init__.py").is_file()
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """{module: the linvit modules it imports, anywhere in it}; importing a.b.c imports the packages a.b and a
+    too (the root package, always imported first, is left out)."""
+    graph = {}
+    for path in sorted(root.rglob("*.py")):
+        me = _module_name(path, root)
+        package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names if a.name.startswith("linvit.")]
+            elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "linvit"):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                found = [f"{module}.{a.name}" if _is_module(f"{module}.{a.name}", root) else module for a in node.names]
+            else:
+                continue
+            for target in found:
+                parts = target.split(".")
+                ancestors = (".".join(parts[:i]) for i in range(2, len(parts) + 1))
+                targets |= {a for a in ancestors if not (me == a or me.startswith(a + "."))}
+        graph[me] = targets - {me}
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of the graph (its modules, the first repeated at the end), or None."""
+    done, path = set(), []
+
+    def visit(node: str) -> list[str] | None:
+        if node in path:
+            return path[path.index(node) :] + [node]
+        if node in done:
+            return None
+        path.append(node)
+        found = next((c for c in map(visit, sorted(graph.get(node, ()))) if c), None)
+        path.pop()
+        done.add(node)
+        return found
+
+    return next((c for c in map(visit, sorted(graph)) if c), None)
+
+
+def test_no_import_circle():
+    graph = _import_graph(ROOT)
+    for module, target in OPTIONAL_EDGES:
+        assert target in graph[module], f"{module} no longer imports {target}: drop it from OPTIONAL_EDGES"
+        graph[module].discard(target)
+    assert _circle(graph) is None
+
+
+def test_the_circle_finder_sees_a_circle_through_a_function(tmp_path):
+    fake = tmp_path / "linvit"
+    (fake / "conversion").mkdir(parents=True)
+    (fake / "conversion" / "__init__.py").write_text("")
+    (fake / "conversion" / "core.py").write_text("from .timm_model import x\n")
+    (fake / "conversion" / "timm_model.py").write_text("def f():\n    from .core import convert\n")
+    circle = _circle(_import_graph(fake))
+    assert circle == ["linvit.conversion.core", "linvit.conversion.timm_model", "linvit.conversion.core"]
+
+
+def test_every_public_name_imports_and_no_module_needs_another_imported_first():
+    """`from linvit import X` for each name of linvit.__all__ (the lazy ones load there), and the conversion
+    modules that once formed a circle, and the registry, each as a fresh interpreter's first import."""
+    import subprocess
+    import sys
+
+    names = "\n".join(f"from linvit import {name}" for name in linvit.__all__)
+    for code in (names, "import linvit.conversion.timm_model", "import linvit.mixers"):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert result.returncode == 0, f"{code[:60]}: {result.stderr.strip().splitlines()[-1:]}"

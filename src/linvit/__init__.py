@@ -5,8 +5,9 @@ works; ``linvit.create_model`` is timm's plus linvit's ``:variant`` suffix (``vi
 ``linvit.list_models`` lists linvit's families. ``linvit.convert(model, variant)``
 puts InfSA into an existing timm / torchvision / Hugging Face model (linvit.conversion); ``linvit.load_run(RUN)``
 reloads any run folder (classification, segmentation, detection, distillation); ``linvit.distill`` linearizes a
-pretrained softmax model (vision or language) by distillation; ``linvit.load_image`` and ``linvit.predict`` run a
-model on your own pictures (``linvit predict`` on the command line).
+pretrained softmax model (vision or language) by distillation; ``linvit.register_mixer(name, cls)`` adds a token
+mixer that each of these then takes by name (``linvit.list_mixers()``: linvit.mixers); ``linvit.load_image`` and
+``linvit.predict`` run a model on your own pictures (``linvit predict`` on the command line).
 """
 
 from timm import list_models as _timm_list_models
@@ -14,6 +15,7 @@ from timm import list_models as _timm_list_models
 from . import layers, models, ops
 from .conversion import convert, convert_report
 from .inference import load_image, predict
+from .mixers import get_mixer, list_mixers, register_mixer, registered_mixer, unregister_mixer
 from .models.variants import create_model
 from .runs import load_run
 
@@ -42,6 +44,11 @@ __all__ = [
     "distill",
     "convert",
     "convert_report",
+    "register_mixer",
+    "unregister_mixer",
+    "registered_mixer",
+    "list_mixers",
+    "get_mixer",
     "ops",
     "layers",
     "models",

@@ -4,14 +4,14 @@
   ':variant' suffix that applies to it (models.variants.VARIANTS) and, one at a time, every value beyond the
   default of each choice-valued option of its constructor (read from the signature: see `literal_options`),
   built tiny (2 blocks, width 32);
-- DiT: one per mixer of `linvit.models.dit.MIXERS`;
+- DiT: one per mixer of `linvit.models.dit.dit_mixers()` (the mixer registry's and WeightFormer's block);
 - distillation students: a tiny softmax ViT converted to each of `linvit.convert`'s forms (linvit.distill;
   conversion.FORMS: every variant and each of its options, e.g. `katz_infsa:hedgehog`);
 - language models: GPT-2, Llama, Qwen3 and Mistral on tiny random configs, converted by `linvit.convert` to
   every form a causal model accepts (pure InfSA, causal Katz-InfSA and its learned feature map; each that takes
   a sliding window also with window=4, `+window4`), fed
   LM_TOKENS tokens: more than two of causal Katz's 64-token chunks;
-- mixers: every attention layer of `linvit.models.infvit.MIXERS` with every combination of its options.
+- mixers: every layer of the mixer registry (`linvit.list_mixers()`) with every combination of its options.
 
 A choice-valued option is a parameter typed with a `typing.Literal` (layers.infsa_attention.PureImpl, FoldKV,
 ops.infsa.LinearVariant, layers.feature_maps.FeatureMap), the one list its values are validated against, so a
@@ -37,7 +37,6 @@ import torch.nn as nn
 import linvit
 from linvit.errors import UsageError
 from linvit.models import dit as dit_models
-from linvit.models import infvit
 from linvit.models.variants import VARIANTS, apply_variant
 
 WIDTH, HEADS, IMAGE = 32, 2, 64  # 16 tokens at patch 16: WeightFormer takes multiples of 32 px
@@ -148,7 +147,7 @@ def dit_entries() -> list[Entry]:
             input_size=8, patch_size=2, hidden_size=WIDTH, depth=2, num_heads=HEADS, num_classes=3, mixer=mixer
         )
 
-    return [Entry(f"dit:{m}", "dit", lambda m=m: build(m), _dit_inputs) for m in dit_models.MIXERS]
+    return [Entry(f"dit:{m}", "dit", lambda m=m: build(m), _dit_inputs) for m in dit_models.dit_mixers()]
 
 
 def _lm_inputs(batch: int, dtype: torch.dtype, seed: int) -> tuple:
@@ -258,7 +257,8 @@ def _options(cls: type) -> list[dict]:
 def mixer_entries() -> list[tuple[str, Callable[[], nn.Module]]]:
     """(id, build) of every attention layer the models use, with each option."""
     found = []
-    for name, cls in infvit.MIXERS.items():
+    for name in linvit.list_mixers():
+        cls = linvit.get_mixer(name).cls
         for options in _options(cls):
             label = ",".join(f"{k}={v}" for k, v in options.items())
             found.append((f"{name}({label})", lambda c=cls, o=options: c(WIDTH, num_heads=HEADS, qkv_bias=True, **o)))

@@ -13,9 +13,9 @@ import pytest
 import torch
 from conformance_entries import HEADS, WIDTH, literal_options, mixer_entries
 
+import linvit
 from conftest import rel_err
 from linvit.errors import UsageError
-from linvit.models.infvit import MIXERS as LAYERS
 from linvit.models.infvit import InfViT
 from linvit.ops import katz_infsa, linear_infsa, pure_infsa
 from linvit.ops.katz_causal import causal_katz_chunked, causal_katz_recurrent
@@ -25,6 +25,7 @@ IDS = [m[0] for m in MIXERS]
 PRECISIONS = [("float32", 1e-5), ("autocast-bfloat16", 1e-2), ("autocast-float16", 5e-3), ("half-float16", 5e-3)]
 
 
+LAYERS = {n: linvit.get_mixer(n).cls for n in linvit.list_mixers()}
 LAYER_OPTIONS = [(n, o) for n, cls in LAYERS.items() for o in literal_options(cls)]
 
 

@@ -12,7 +12,7 @@ import torch
 
 from ..config import Config
 from ..errors import UsageError
-from ..models.dit import MIXERS as DIT_MIXERS
+from ..models.dit import dit_mixers
 from ..models.variants import check_model_name, split_name
 from ..utils import COMPILE_MODES
 from ..utils.flops import count_flops
@@ -166,8 +166,8 @@ def _run_plan(
     for spec in [*models, *references]:  # fail fast on an unknown model, variant or mixer
         if common["task"] != "generate":
             check_model_name(split_name(spec)[0])
-        elif spec not in DIT_MIXERS:
-            raise UsageError(f"--task generate takes DiT mixers as --models ({', '.join(DIT_MIXERS)}); got {spec!r}")
+        elif spec not in dit_mixers():
+            raise UsageError(f"--task generate takes DiT mixers as --models ({', '.join(dit_mixers())}); got {spec!r}")
     for mode in compiles:
         if mode not in COMPILE_MODES:
             raise UsageError(f"--compile takes {', '.join(COMPILE_MODES)}, got {mode!r}")

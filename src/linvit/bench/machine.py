@@ -32,6 +32,7 @@ MATRIX_FLAGS = (
     "i8mm",
 )
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # read by the OpenMP / MKL runtimes when torch loads
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # torch's, without importing torch here
 PEAK_DTYPES = ("fp32", "bf16")
 WINDOW_S = 0.2  # one timed window of square matmuls
 BEST_OF = 3
@@ -97,9 +98,7 @@ def gemm_peak(dtype: str, device: str = "cpu", window_s: float = WINDOW_S, best_
     product)."""
     import torch
 
-    from .point import DTYPES
-
-    dev, torch_dtype = torch.device(device), DTYPES[dtype]
+    dev, torch_dtype = torch.device(device), getattr(torch, DTYPE_NAMES[dtype])
     probe = 256
     rate = 2 * probe**3 / max(_matmul_seconds(probe, torch_dtype, dev, 2) / 2, 1e-9)
     n = int(min(8192, max(128, round((rate * window_s / 4 / 2) ** (1 / 3) / 128) * 128)))

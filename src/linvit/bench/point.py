@@ -26,10 +26,10 @@ from ..models.variants import create_any_size
 from ..utils import compile_model
 from ..utils.compile import CudaGraphSafe
 from ..utils.flops import count_flops
-from .machine import apply_threads, cpu_info
+from .machine import DTYPE_NAMES, apply_threads, cpu_info
 from .meters import EnergyMeter, PeakMemory
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {name: getattr(torch, dtype) for name, dtype in DTYPE_NAMES.items()}
 DEFAULTS = {
     "batch": 1,
     "mode": "infer",

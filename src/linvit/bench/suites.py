@@ -8,7 +8,7 @@ the ``gpu_*`` ones (bf16 on CUDA, batch 1 and 32, eager and CUDA-graph compiled;
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..models.dit import MIXERS as DIT_MIXERS
+from ..models.dit import dit_mixers
 
 FOUR_LAYER = [
     "vit_4l_patch16_224",
@@ -157,7 +157,7 @@ SUITES: dict[str, dict] = {
     # issue 26: DiT-S/2 on 4-channel latents of 16 to 128 (128-1024 px images through an 8x VAE), one guided
     # sampling step (the network on 2 x batch) and one DDPM training step, per mixer
     "generate": dict(
-        models=list(DIT_MIXERS),
+        models=list(dit_mixers()),
         res=[16, 32, 64, 128],
         iters=2,
         warmup=1,
@@ -166,7 +166,7 @@ SUITES: dict[str, dict] = {
         reference=["softmax"],
     ),
     "generate_train": dict(
-        models=list(DIT_MIXERS),
+        models=list(dit_mixers()),
         res=[16, 32, 64],
         iters=3,
         warmup=1,

@@ -8,8 +8,9 @@ Linear- and Katz-InfSA; a causal language model converts to pure or causal Katz-
 (linvit.conversion.language, language_katz). See docs/conversion.md.
 """
 
+from . import core
 from .adapters import AttentionWeights, UnmappableAttention
-from .core import FORMS, VARIANTS, ConversionReport, convert, convert_if_asked, convert_report
+from .core import ConversionReport, convert, convert_if_asked, convert_report
 from .timm_model import infsa_converted
 
 __all__ = [
@@ -23,3 +24,11 @@ __all__ = [
     "FORMS",
     "infsa_converted",
 ]
+
+
+def __getattr__(name: str):
+    """VARIANTS (the mixers convert puts in) and FORMS (their spellings with options), read from the mixer
+    registry when asked (linvit.mixers), so a mixer registered later is in them."""
+    if name in ("VARIANTS", "FORMS"):
+        return getattr(core, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,98 +10,55 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn as nn
 from timm.layers import trunc_normal_
 
 from ..errors import UsageError
-from ..layers import KatzInfSAAttention, LinearAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.feature_maps import LEARNED_FEATURE_MAPS
-from ..layers.infsa_attention import FEATURE_MAPS, LINEAR_VARIANTS, check_choice, check_feature_map
+from ..layers.infsa_attention import LINEAR_VARIANTS, check_choice, check_feature_map
+from ..mixers import Mixer, conversion_forms, get_mixer, list_mixers, mixer_of
 from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
 from .language import convert_language_model, interface_attention_modules
-from .timm_model import mark_converted
+from .records import ConversionReport, ConvertedModule, SkippedModule, mark_converted
 
-LAYERS = {
-    "pure_infsa": PureInfSAAttention,
-    "linear_infsa": LinearInfSAAttention,
-    "katz_infsa": KatzInfSAAttention,
-    "linear_attention": LinearAttention,  # the anchor form (no discount): what the InfSA students are measured against
-}
-VARIANTS = tuple(LAYERS)
-INFSA_TYPES = tuple(LAYERS.values())
-# the option a variant takes after a colon ("katz_infsa:hedgehog", "linear_infsa:softplus"): its name, choices and
-# default; pure InfSA's scores are the signed q.k itself (no feature map to learn), so it takes none
-OPTIONS = {
-    "linear_infsa": ("linear_variant", LINEAR_VARIANTS, "release"),
-    "katz_infsa": ("feature_map", FEATURE_MAPS, "relu"),
-    "linear_attention": ("feature_map", FEATURE_MAPS, "elu+1"),
-}
-FORMS = VARIANTS + tuple(f"{v}:{o}" for v, (_, choices, default) in OPTIONS.items() for o in choices if o != default)
+
+def __getattr__(name: str):
+    """The earlier module-level lists, read from the mixer registry as it is now (linvit.mixers)."""
+    if name == "VARIANTS":
+        return tuple(list_mixers(convertible=True))
+    if name == "FORMS":
+        return conversion_forms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
-    """'variant[:option]' -> (variant, {option's name: value}), one-line errors for an unknown one."""
+    """'variant[:option]' -> (variant, {option's name: value}) with the option only when it is not the default;
+    one-line errors for an unknown one."""
     variant, sep, option = spec.partition(":")
-    if variant not in LAYERS:
-        raise UsageError(f"unknown variant {variant!r}; choose from {', '.join(FORMS)}")
+    mixer = _convertible(variant)
     if not sep:
-        return variant, {}
-    if variant not in OPTIONS:
-        raise UsageError(f"{variant} takes no ':option' (its scores are q.k itself); got {spec!r}")
-    name, choices, default = OPTIONS[variant]
-    check_choice(f"{variant}'s {name}", option, choices)
-    return variant, {} if option == default else {name: option}
+        return mixer.name, {}
+    if mixer.option is None:
+        raise UsageError(f"{mixer.name} takes no ':option'; got {spec!r}")
+    name, choices, default = mixer.option.name, mixer.option.choices, mixer.option.default
+    check_choice(f"{mixer.name}'s {name}", option, choices)
+    return mixer.name, {} if option == default else {name: option}
+
+
+def _convertible(variant: str) -> Mixer:
+    """The registered mixer convert puts in for variant, by its one spelling (convert never took the old 'katz');
+    one line for an unknown one or softmax."""
+    if variant not in list_mixers(convertible=True):
+        raise UsageError(f"unknown variant {variant!r}; choose from {', '.join(conversion_forms())}")
+    return get_mixer(variant)
 
 
 def canonical_form(spec: str) -> str:
     """The FORMS spelling of spec ("katz_infsa:relu" -> "katz_infsa"), one-line errors for an unknown one."""
     variant, options = parse_variant(spec)
     return f"{variant}:{next(iter(options.values()))}" if options else variant
-
-
-@dataclass
-class ConvertedModule:
-    name: str
-    source: str  # the source class, e.g. "timm.layers.attention.Attention"
-    heads: int
-    width: int
-
-
-@dataclass
-class SkippedModule:
-    name: str
-    source: str
-    reason: str
-
-
-@dataclass
-class ConversionReport:
-    """What convert() did: its arguments, every module converted and every attention-like module skipped."""
-
-    variant: str
-    gamma_init: float
-    include: list[str] | None
-    exclude: list[str] | None
-    converted: list[ConvertedModule] = field(default_factory=list)
-    skipped: list[SkippedModule] = field(default_factory=list)
-    window: int | None = None  # causal language models: exact softmax over the last window tokens (hybrid)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        window = f", window {self.window}" if self.window is not None else ""
-        lines = [
-            f"converted {len(self.converted)} attention layers to {self.variant} (gamma_init {self.gamma_init}{window})"
-        ]
-        lines += [f"  {c.name}: {c.source}, {c.heads} heads, width {c.width}" for c in self.converted]
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)}:")
-            lines += [f"  {s.name}: {s.source} ({s.reason})" for s in self.skipped]
-        return "\n".join(lines)
 
 
 def _qualname(module: nn.Module) -> str:
@@ -144,25 +101,25 @@ def build_layer(
     w: AttentionWeights,
     gamma_init: float,
     copy_weights: bool,
-    linear_variant: str = "release",
-    feature_map: str | None = None,
+    options: Mapping[str, str] | None = None,
     feature_dim: int | None = None,
 ) -> nn.Module:
-    """The linvit InfSA layer for one source attention; its weights are the source's values (copied)."""
-    cls = LAYERS[variant]
+    """The registered mixer's layer for one source attention, built with timm Attention's arguments (plus its
+    discount, its ':option' from options or the default, and feature_dim where it takes them); its weights are
+    the source's values (copied)."""
+    mixer = get_mixer(variant, warn=False)
     ref = w.qkv_weight
-    extra = {} if cls is LinearAttention else {"gamma_init": gamma_init}  # linear attention has no discount
-    if cls is LinearInfSAAttention:
-        extra["linear_variant"] = linear_variant
-    if OPTIONS.get(variant, ("",))[0] == "feature_map":  # Katz-InfSA, linear attention
-        extra.update(feature_map=feature_map or OPTIONS[variant][2], feature_dim=feature_dim)
-    matrix_free = cls in (KatzInfSAAttention, LinearAttention)  # they never form the attention matrix
-    layer = cls(
+    extra = {"gamma_init": gamma_init} if mixer.discount else {}
+    if mixer.option is not None:
+        extra[mixer.option.name] = (options or {}).get(mixer.option.name) or mixer.option.default
+    if mixer.takes("feature_dim"):
+        extra["feature_dim"] = feature_dim
+    layer = mixer.cls(
         w.dim,
         w.num_heads,
         qkv_bias=w.qkv_bias is not None,
         proj_bias=w.proj_bias is not None,
-        attn_drop=0.0 if matrix_free else w.attn_drop,
+        attn_drop=0.0 if "attn_drop" in mixer.cannot else w.attn_drop,  # it never forms the attention matrix
         proj_drop=w.proj_drop,
         device=ref.device,
         dtype=ref.dtype,
@@ -246,7 +203,7 @@ def convert(
     linear_variant = options.get("linear_variant", linear_variant)
     feature_map = options.get("feature_map")  # None: the variant's own (ReLU; ELU + 1 in causal language models)
     if feature_dim is not None and feature_map not in LEARNED_FEATURE_MAPS:
-        learned = ", ".join(f for f in FORMS if f.partition(":")[2] in LEARNED_FEATURE_MAPS)
+        learned = ", ".join(f for f in conversion_forms() if f.partition(":")[2] in LEARNED_FEATURE_MAPS)
         raise UsageError(f"feature_dim sizes a learned feature map ({learned}); {variant!r} has none")
     check_feature_map(feature_map or "relu", feature_dim)
     check_window(window)
@@ -263,8 +220,10 @@ def convert(
             f"window= is for causal language models: {type(model).__name__} is not a causal language model"
         )
 
+    chosen = {**options, "linear_variant": linear_variant}  # convert's linear_variant= is linear_infsa's option
+
     def build(weights: AttentionWeights) -> nn.Module:
-        return build_layer(base, weights, gamma_init, copy_weights, linear_variant, feature_map, feature_dim)
+        return build_layer(base, weights, gamma_init, copy_weights, chosen, feature_dim)
 
     plan = _replacements(model, adapters, include, exclude, build, report)
     if plan[0][0] == "":
@@ -273,7 +232,8 @@ def convert(
         for name, replacement in plan:
             _set_submodule(model, name, replacement)
     _disable_fused_encoders(model)
-    record = base if feature_map in (None, OPTIONS.get(base, ("", (), None))[2]) else f"{base}:{feature_map}"
+    shown = {k: v for k, v in options.items() if k != "linear_variant"}  # linear_variant is recorded on its own
+    record = f"{base}:{next(iter(shown.values()))}" if shown else base
     mark_converted(model, record, gamma_init, include, exclude, linear_variant, feature_dim)  # timm reloads it
     model.linvit_conversion = report
     return model
@@ -307,7 +267,7 @@ def _replacements(model, adapters, include, exclude, build, report) -> list[tupl
     for name, module in model.named_modules():
         if any(name.startswith(p + ".") for p in inside):
             continue
-        if isinstance(module, INFSA_TYPES):
+        if mixer_of(module) is not None and "convert" not in mixer_of(module).cannot:
             inside.append(name)
             if name:
                 report.skipped.append(SkippedModule(name, _qualname(module), "already InfSA"))

@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from ..errors import UsageError
 from ..ops.infsa import masked_row_norms, row_square_sums, scaled_product
+from .records import ConvertedModule
 
 ATTENTION_NAME = "linvit_pure_infsa"
 STATE = "_linvit_row_sq"  # the attribute of a Cache that holds each layer's squared score rows
@@ -152,8 +153,6 @@ def _add_discounts(model, modules, gamma_init: float | None, report, pre_hook) -
 
 
 def _converted(name: str, module: nn.Module, heads: int):
-    from .core import ConvertedModule
-
     source = f"{type(module).__module__}.{type(module).__qualname__}"
     return ConvertedModule(name, source, heads, int(module.config.hidden_size))
 

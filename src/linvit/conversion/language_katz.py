@@ -26,6 +26,7 @@ from ..ops.common import accumulation_dtype
 from ..ops.katz_causal import FEATURES, CausalKatzState, causal_katz_chunked, causal_katz_recurrent
 from ..ops.linear_causal import causal_linear_chunked, causal_linear_recurrent
 from ..ops.window_causal import window_causal_chunked, window_causal_recurrent
+from .language import _repeat_heads
 
 ATTENTION_NAME = "linvit_katz_infsa"
 LINEAR_ATTENTION_NAME = "linvit_linear_attention"
@@ -227,8 +228,6 @@ def _stateful_attention(module, query, key, value, attention_mask, dropout, kwar
     grouped heads repeated, learned feature maps applied, the mask read and the cache slot's state carried. A
     layer with a window (infsa_window, linvit.convert's window=) runs the sliding-window hybrid instead
     (ops.window_causal: softmax at the layer's scaling over the last W tokens, this form over the older ones)."""
-    from .language import _repeat_heads
-
     heads, q_len = query.shape[1], query.shape[2]
     slot = getattr(module, "_linvit_katz_slot", None)
     if key.shape[2] != q_len:

@@ -12,36 +12,12 @@ import timm
 import torch.nn as nn
 from timm.models import generate_default_cfgs, load_pretrained, register_model
 
-ARCHITECTURE = "infsa_converted"
+from .core import convert
+from .records import ARCHITECTURE
+
 CONVERSION_ARGS = ("source_model", "convert_variant", "gamma_init", "include", "exclude")
 
 default_cfgs = generate_default_cfgs({ARCHITECTURE: dict(url="", license="mit", paper_ids="arXiv:2603.00175")})
-
-
-def mark_converted(
-    model: nn.Module,
-    variant: str,
-    gamma_init: float,
-    include,
-    exclude,
-    linear_variant: str = "release",
-    feature_dim: int | None = None,
-) -> None:
-    """Record on a timm model how to rebuild it converted (a no-op for models timm did not create)."""
-    cfg = getattr(model, "pretrained_cfg", None)
-    if not isinstance(cfg, dict) or "architecture" not in cfg:
-        return
-    args = dict(getattr(model, "_model_args", {}))
-    source = args.get("source_model", cfg["architecture"])  # converting a converted model keeps the source
-    args.update(source_model=source, convert_variant=variant, gamma_init=gamma_init, include=include, exclude=exclude)
-    args.pop("linear_variant", None)
-    if linear_variant != "release":  # only then: configs of release-form conversions stay as they were
-        args["linear_variant"] = linear_variant
-    args.pop("feature_dim", None)
-    if feature_dim is not None:
-        args["feature_dim"] = feature_dim
-    model._model_args = args
-    model.pretrained_cfg = {**cfg, "architecture": ARCHITECTURE}
 
 
 @register_model
@@ -62,8 +38,6 @@ def infsa_converted(
 ) -> nn.Module:
     """timm's ``source_model`` with its attention converted to InfSA (linvit.convert), weights from a saved
     converted model when pretrained (e.g. ``timm.create_model("local-dir:RUN", pretrained=True)``)."""
-    from .core import convert  # core imports this module's mark_converted
-
     kwargs.pop("pretrained_model_args", None)
     model = timm.create_model(source_model, **kwargs)
     convert(

@@ -24,13 +24,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import TrainConfig
-from ..conversion.core import FORMS, canonical_form
+from ..conversion.core import canonical_form
 from ..data import collate_images
 from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..engine import Parts, Run, Task, fit
 from ..engine.sharding import is_sharded
 from ..errors import UsageError
 from ..evaluate import autocast, eval_loader, evaluate, image_split
+from ..mixers import conversion_forms, get_mixer
 from ..utils.artifacts import WEIGHTS
 from ..weights import load_weights
 from .student import make_student, merged, train_only_converted_layers, with_lora
@@ -47,10 +48,14 @@ DEFAULT_MIXER = "katz_infsa:hedgehog"
 
 
 def default_gamma(mixer: str) -> float:
-    """The converted layers' first discount: 0.5 for Katz-InfSA, whose series then weighs its hops
-    gamma / (1 - gamma) = 1 in all, softmax's weighted average's scale (0.9 starts every layer at about 9 times
-    its teacher's output); linvit.convert's 0.9 for the one-hop mixers. Measured: docs/results.md."""
-    return 0.5 if mixer.startswith("katz_infsa") else 0.9
+    """The converted layers' first discount, the mixer's registered distill_gamma: 0.5 for Katz-InfSA, whose
+    series then weighs its hops gamma / (1 - gamma) = 1 in all, softmax's weighted average's scale (0.9 starts
+    every layer at about 9 times its teacher's output); linvit.convert's 0.9 for the one-hop mixers (and 0.9
+    for a name no mixer has: the config's check then names it). Measured: docs/results.md."""
+    try:
+        return get_mixer(mixer.partition(":")[0], warn=False).distill_gamma
+    except UsageError:
+        return 0.9
 
 
 @dataclasses.dataclass
@@ -88,7 +93,7 @@ class DistillConfig(TrainConfig):
             self.mixer = canonical_form(self.mixer)  # one spelling per form ("katz_infsa:relu" -> "katz_infsa")
         except UsageError:
             raise UsageError(
-                f"mixer must be one of {', '.join(FORMS)} (linvit.convert's), got {self.mixer!r}"
+                f"mixer must be one of {', '.join(conversion_forms())} (linvit.convert's), got {self.mixer!r}"
             ) from None
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")

@@ -31,6 +31,7 @@ from timm.layers import Attention
 
 from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from ..mixers import get_mixer, list_mixers, mixer_of
 from ..models import WeightFormer
 from ..ops import (
     infsa_operator,
@@ -43,7 +44,6 @@ from ..ops import (
 from ..ops.infsa import infsa_column_sums
 from ..ops.katz import katz_column_sums
 
-INFSA = (PureInfSAAttention, LinearInfSAAttention, KatzInfSAAttention)
 METHODS = ("linear", "column", "katz", "perron", "cls", "rollout", "grad")
 # dense maps hold ~3 float64 (B, H, N, N) matrices (operator, I - gamma A, inverse); above this they refuse
 DENSE_MAP_MAX_BYTES = 2**32
@@ -85,12 +85,15 @@ def _dense_fits(model: nn.Module, kind: type, num_tokens: int | None) -> bool:
 
 
 def attention_mixers(model: nn.Module, method: str) -> list[nn.Module]:
-    """The model's attention modules a method reads (ValueError naming what is missing if none)."""
-    wanted = {"linear": (LinearInfSAAttention,), "cls": (Attention,), "rollout": (Attention,)}.get(method, INFSA)
-    mixers = [m for m in model.modules() if isinstance(m, wanted)]
+    """The model's mixer layers whose registered maps (linvit.mixers: Mixer.maps) include the method; a
+    ValueError naming what is missing if none (a mixer registered without maps has none: 'grad' works)."""
+    found = [(m, mixer_of(m)) for m in model.modules() if mixer_of(m) is not None]
+    mixers = [m for m, record in found if method in record.maps]
     if not mixers:
-        names = ", ".join(w.__name__ for w in wanted)
-        raise UsageError(f"method {method!r} needs {names} layers; {type(model).__name__} has none (try method='grad')")
+        wanted = ", ".join(n for n in list_mixers() if method in get_mixer(n).maps) or "no registered"
+        has = sorted({record.name for _, record in found if method not in record.maps})
+        mine = f"its {', '.join(has)} mixer has no {method!r} map" if has else "it has no mixer layer"
+        raise UsageError(f"method {method!r} needs {wanted} layers; {type(model).__name__}: {mine} (try method='grad')")
     return mixers
 
 

@@ -17,10 +17,11 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 
 from ..errors import UsageError
+from ..mixers import Option, register_mixer
 from ..ops import katz_infsa, linear_infsa, pure_infsa
 from ..ops.common import accumulation_dtype, autocast_dtype, merges_with_next, no_autocast
 from ..ops.infsa import (
-    LINEAR_VARIANTS,  # noqa: F401 (conversion.core imports it from here)
+    LINEAR_VARIANTS,
     LinearVariant,
     importance_from_logits,
     linear_normaliser,
@@ -44,6 +45,7 @@ PURE_IMPLS = get_args(PureImpl)
 # eager inference over at least this many tokens projects the soft query's Q in views of QUERY_CHUNK tokens
 QUERY_CHUNK_MIN_TOKENS, QUERY_CHUNK = 2**16, 2**14
 FEATURE_MAPS = get_args(FeatureMap)
+INFSA_MAPS = ("column", "katz", "perron")  # explain's maps of the ReLU(q k^T) and phi(q) phi(k)^T operators
 
 
 def check_choice(name: str, value: object, choices) -> None:
@@ -193,6 +195,7 @@ class _InfSABase(nn.Module):
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, gamma_init={self.gamma_init}"
 
 
+@register_mixer("pure_infsa", maps=INFSA_MAPS, aliases=("pure",))
 @register_notrace_module  # a leaf (one call_module node) in timm's FX feature extraction
 class PureInfSAAttention(_InfSABase):
     """Pure InfSA: one Frobenius-normalised diffusion hop, gamma * A^ v (quadratic in tokens).
@@ -241,6 +244,13 @@ def token_views(x: torch.Tensor) -> list[torch.Tensor]:
     return [x]
 
 
+@register_mixer(
+    "linear_infsa",
+    option=Option("linear_variant", LINEAR_VARIANTS, "release"),
+    cannot=("attn_mask",),
+    maps=("linear", *INFSA_MAPS),
+    aliases=("linear",),
+)
 @register_notrace_module
 class LinearInfSAAttention(_InfSABase):
     """Linear-InfSA: every token receives the importance-pooled value z (O(N) in tokens).
@@ -415,6 +425,16 @@ class LinearInfSAAttention(_InfSABase):
         return self.proj_drop(y) if self.training and self.proj_drop.p > 0 else y
 
 
+# distill_gamma 0.5: the series then weighs its hops gamma / (1 - gamma) = 1 in all, softmax's scale (docs/results.md)
+@register_mixer(
+    "katz_infsa",
+    option=Option("feature_map", FEATURE_MAPS, "relu"),
+    cannot=("attn_drop", "attn_mask"),
+    maps=INFSA_MAPS,
+    causal=True,
+    distill_gamma=0.5,
+    aliases=("katz",),
+)
 @register_notrace_module
 class KatzInfSAAttention(_InfSABase):
     """Katz-InfSA: the exact infinite-hop series sum_t gamma^t A^^t v in O(N d^2) (linvit.ops.katz_infsa).

@@ -14,10 +14,11 @@ import torch.nn as nn
 from timm.layers import register_notrace_module
 
 from ..errors import UsageError
+from ..mixers import Option, register_mixer
 from ..ops.common import accumulation_dtype, no_autocast
 from ..ops.katz import feature_map as fixed_feature_map
 from .feature_maps import LEARNED_FEATURE_MAPS, FeatureMap, query_and_key_maps
-from .infsa_attention import check_feature_map, timm_attention_layout
+from .infsa_attention import FEATURE_MAPS, check_feature_map, timm_attention_layout
 
 
 def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
@@ -31,6 +32,12 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: f
     return ((fq @ kv) / (normaliser + eps)).to(v.dtype)
 
 
+@register_mixer(
+    "linear_attention",
+    option=Option("feature_map", FEATURE_MAPS, "elu+1"),
+    cannot=("attn_drop", "attn_mask"),
+    causal=True,
+)
 @register_notrace_module
 class LinearAttention(nn.Module):
     """Plain linear attention with a fixed ("elu+1", Katharopoulos et al.'s, or "relu") or learned ("hedgehog")

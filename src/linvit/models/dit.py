@@ -19,14 +19,25 @@ import torch.nn as nn
 from timm.layers import PatchEmbed
 
 from ..errors import UsageError
+from ..mixers import get_mixer, list_mixers
 from .dit_blocks import AttentionDiTBlock, WeightFormerDiTBlock, modulate
-from .infvit import MIXERS as ATTENTION_MIXERS
 
-MIXERS = (*ATTENTION_MIXERS, "weightformer")
 # size: (hidden, depth, heads); DiT's table plus a tiny one for CPUs. WeightFormer blocks have no attention
 # and fewer parameters, so the release stacks 15 where DiT-S/B stack 12; L and XL scale the same way (ours).
 SIZES = {"tiny": (128, 4, 4), "S": (384, 12, 6), "B": (768, 12, 12), "L": (1024, 24, 16), "XL": (1152, 28, 16)}
 WEIGHTFORMER_DEPTH = {"tiny": 5, "S": 15, "B": 15, "L": 30, "XL": 35}
+
+
+def dit_mixers() -> tuple[str, ...]:
+    """The mixers a DiT takes: every registered one (linvit.mixers) and WeightFormer's dynamic-weight block."""
+    return (*list_mixers(), "weightformer")
+
+
+def __getattr__(name: str):
+    """``MIXERS``: dit_mixers() as the registry is now (kept for its readers)."""
+    if name == "MIXERS":
+        return dit_mixers()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TimestepEmbedder(nn.Module):
@@ -112,7 +123,8 @@ class DiT(nn.Module):
         class_dropout_prob: label dropout for classifier-free guidance.
         num_classes: classes of the conditioning labels.
         learn_sigma: also predict the variance (out_channels = 2 * in_channels).
-        mixer: "softmax", "pure", "linear", "katz" or "weightformer".
+        mixer: a registered mixer ("softmax", "pure_infsa", "linear_infsa", "katz_infsa", ...; the old "pure",
+            "linear", "katz" still work) or "weightformer".
     """
 
     def __init__(
@@ -130,8 +142,12 @@ class DiT(nn.Module):
         mixer: str = "softmax",
     ) -> None:
         super().__init__()
-        if mixer not in MIXERS:
-            raise UsageError(f"unknown mixer {mixer!r}; choose from {', '.join(MIXERS)}")
+        if mixer != "weightformer":
+            try:
+                record = get_mixer(mixer)  # an earlier spelling ("linear") with a DeprecationWarning
+            except UsageError:
+                raise UsageError(f"unknown mixer {mixer!r}; choose from {', '.join(dit_mixers())}") from None
+            layer, mixer = record.cls, record.name
         self.mixer, self.learn_sigma, self.in_channels = mixer, learn_sigma, in_channels
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
         self.patch_size = patch_size
@@ -142,9 +158,7 @@ class DiT(nn.Module):
         if mixer == "weightformer":
             blocks = [WeightFormerDiTBlock(hidden_size, mlp_ratio, layer=i) for i in range(depth)]
         else:
-            blocks = [
-                AttentionDiTBlock(hidden_size, num_heads, ATTENTION_MIXERS[mixer], mlp_ratio) for _ in range(depth)
-            ]
+            blocks = [AttentionDiTBlock(hidden_size, num_heads, layer, mlp_ratio) for _ in range(depth)]
         self.blocks = nn.ModuleList(blocks)
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
         self.initialize_weights()

@@ -9,34 +9,34 @@ so forward_intermediates, features_only, grad checkpointing and checkpoint filte
 from __future__ import annotations
 
 import torch
-from timm.layers import Attention
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
-from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.feature_maps import FeatureMap
 from ..layers.graph_capture import is_fx_tracing, parent_method, traced_pos_embed
 from ..layers.infsa_attention import FoldKV, PureImpl, check_choice
+from ..mixers import get_mixer, list_mixers
 from ..ops.infsa import LinearVariant
 from ._cfg import model_cfg, require_weights
 from ._chunking import TokenChunking, check_token_chunk, vit_features_chunked
 from ._input import CheckedPatchEmbed
 
-MIXERS = {
-    "softmax": Attention,
-    "pure": PureInfSAAttention,
-    "linear": LinearInfSAAttention,
-    "katz": KatzInfSAAttention,
-    "linear_attention": LinearAttention,  # the anchor form students are measured against (layers.linear_attention)
-}
+
+def __getattr__(name: str):
+    """``MIXERS``, the {name: layer class} of the mixer registry (linvit.mixers) as it is now; kept for its
+    readers."""
+    if name == "MIXERS":
+        return {n: get_mixer(n).cls for n in list_mixers()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class InfViT(VisionTransformer, TokenChunking):
     """timm VisionTransformer with a selectable token mixer and validated input.
 
     Args:
-        mixer: "softmax", "pure", "linear" or "katz" (see MIXERS).
+        mixer: a registered mixer's name (linvit.list_mixers(): "softmax", "pure_infsa", "linear_infsa",
+            "katz_infsa", "linear_attention", or one of yours); the old "pure", "linear", "katz" still work.
         gamma_init: initial per-head discount of InfSA mixers.
         attn_impl: pure InfSA form, "auto" | "dense" | "chunked".
         fold_kv: Linear-InfSA folds the K/V projections (identical outputs, fewer FLOPs).
@@ -69,8 +69,7 @@ class InfViT(VisionTransformer, TokenChunking):
         token_chunk: int | str | None = "auto",
         **kwargs,
     ) -> None:
-        if mixer not in MIXERS:
-            raise UsageError(f"unknown mixer {mixer!r}; choose from {sorted(MIXERS)}")
+        record = get_mixer(mixer)  # a one-line error for an unknown one
         check_choice("attn_impl", attn_impl, PureImpl)
         check_choice("fold_kv", fold_kv, FoldKV)
         check_choice("linear_variant", linear_variant, LinearVariant)
@@ -78,8 +77,8 @@ class InfViT(VisionTransformer, TokenChunking):
             check_choice("feature_map", feature_map, FeatureMap)
         check_token_chunk(token_chunk)
         kwargs.setdefault("dynamic_img_size", True)
-        super().__init__(attn_layer=MIXERS[mixer], embed_layer=CheckedPatchEmbed, **kwargs)
-        self.mixer = mixer
+        super().__init__(attn_layer=record.cls, embed_layer=CheckedPatchEmbed, **kwargs)
+        self.mixer = record.name
         self.token_chunk = token_chunk
         self.whole_mixer_inputs = False  # set by linvit.explain's capture: see _chunking.vit_features_chunked
         self.patch_embed.check_finite = check_finite
@@ -163,9 +162,10 @@ default_cfgs = generate_default_cfgs(
 )
 
 
-def _create(variant: str, mixer: str, shape: str, pretrained: bool = False, **kwargs) -> InfViT:
+def _create(variant: str, default_mixer: str, shape: str, pretrained: bool = False, **kwargs) -> InfViT:
+    """The family's model of that shape; ``mixer=`` (any registered one) replaces the name's default mixer."""
     require_weights(variant, pretrained, kwargs)
-    model_args = dict(patch_size=16, mixer=mixer, **SHAPES[shape])
+    model_args = dict(patch_size=16, mixer=default_mixer, **SHAPES[shape])
     return build_model_with_cfg(
         InfViT,
         variant,
@@ -185,58 +185,58 @@ def vit_4l_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
 @register_model
 def infvit_4l_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Pure InfSA ViT, 4 layers, width 1024, 16 heads."""
-    return _create("infvit_4l_patch16_224", "pure", "4l", pretrained, **kwargs)
+    return _create("infvit_4l_patch16_224", "pure_infsa", "4l", pretrained, **kwargs)
 
 
 @register_model
 def linear_infvit_4l_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Linear-InfSA ViT, 4 layers, width 1024, 16 heads."""
-    return _create("linear_infvit_4l_patch16_224", "linear", "4l", pretrained, **kwargs)
+    return _create("linear_infvit_4l_patch16_224", "linear_infsa", "4l", pretrained, **kwargs)
 
 
 @register_model
 def infvit_24l_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Pure InfSA ViT, 24 layers, width 1024, 16 heads."""
-    return _create("infvit_24l_patch16_224", "pure", "24l", pretrained, **kwargs)
+    return _create("infvit_24l_patch16_224", "pure_infsa", "24l", pretrained, **kwargs)
 
 
 @register_model
 def infvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Pure InfSA ViT-Tiny: 12 layers, width 192, 3 heads."""
-    return _create("infvit_tiny_patch16_224", "pure", "tiny", pretrained, **kwargs)
+    return _create("infvit_tiny_patch16_224", "pure_infsa", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def infvit_small_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Pure InfSA ViT-Small: 12 layers, width 384, 6 heads."""
-    return _create("infvit_small_patch16_224", "pure", "small", pretrained, **kwargs)
+    return _create("infvit_small_patch16_224", "pure_infsa", "small", pretrained, **kwargs)
 
 
 @register_model
 def linear_infvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Linear-InfSA ViT-Tiny: 12 layers, width 192, 3 heads."""
-    return _create("linear_infvit_tiny_patch16_224", "linear", "tiny", pretrained, **kwargs)
+    return _create("linear_infvit_tiny_patch16_224", "linear_infsa", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def linear_infvit_small_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Linear-InfSA ViT-Small: 12 layers, width 384, 6 heads."""
-    return _create("linear_infvit_small_patch16_224", "linear", "small", pretrained, **kwargs)
+    return _create("linear_infvit_small_patch16_224", "linear_infsa", "small", pretrained, **kwargs)
 
 
 @register_model
 def katz_infvit_4l_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Katz-InfSA ViT (exact infinite-hop series, linear time), 4 layers, width 1024, 16 heads."""
-    return _create("katz_infvit_4l_patch16_224", "katz", "4l", pretrained, **kwargs)
+    return _create("katz_infvit_4l_patch16_224", "katz_infsa", "4l", pretrained, **kwargs)
 
 
 @register_model
 def katz_infvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Katz-InfSA ViT-Tiny: 12 layers, width 192, 3 heads."""
-    return _create("katz_infvit_tiny_patch16_224", "katz", "tiny", pretrained, **kwargs)
+    return _create("katz_infvit_tiny_patch16_224", "katz_infsa", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def katz_infvit_small_patch16_224(pretrained: bool = False, **kwargs) -> InfViT:
     """Katz-InfSA ViT-Small: 12 layers, width 384, 6 heads."""
-    return _create("katz_infvit_small_patch16_224", "katz", "small", pretrained, **kwargs)
+    return _create("katz_infvit_small_patch16_224", "katz_infsa", "small", pretrained, **kwargs)
