@@ -189,7 +189,7 @@ SUITES: dict[str, dict] = {
         **GPU_SETTINGS,
     ),
     "gpu_generate": dict(
-        models=["softmax", "linear", "weightformer"],
+        models=["softmax", "linear_infsa", "weightformer"],
         res=[32, 64, 128],  # DiT-S/2 latents: 256 to 4,096 tokens (256 to 1024 px images)
         task="generate",
         reference=["softmax"],
