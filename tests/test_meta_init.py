@@ -15,11 +15,11 @@ from timm.models import model_entrypoint
 from timm.models._manipulate import reinit_non_persistent_buffers
 
 import linvit  # noqa: F401  (registers the models)
-from linvit.models.dit import MIXERS, create_dit
+from linvit.models.dit import create_dit, dit_mixers
 
 REQUIRED_KWARGS = {"infsa_converted": dict(source_model="vit_tiny_patch16_224")}  # entrypoints with no default
 REGISTERED = sorted(n for n in timm.list_models() if model_entrypoint(n).__module__.startswith("linvit"))
-ENTRIES = [*REGISTERED, *(f"dit:{mixer}" for mixer in MIXERS)]
+ENTRIES = [*REGISTERED, *(f"dit:{mixer}" for mixer in dit_mixers())]
 
 
 def _build(entry: str, **extra) -> torch.nn.Module:
