@@ -375,3 +375,31 @@ def test_the_streamed_safetensors_file_reads_back_as_safetensors_writes_it(tmp_p
         assert set(f.keys()) == set(state)
     write_safetensors(None, layout_of(state), lambda k: fetched.append(k) or state[k])  # a helping rank: no file
     assert fetched[len(state) :] == fetched[: len(state)]  # the same order on every rank
+
+
+def memory_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "fsdp_memory.py"
+    spec = importlib.util.spec_from_file_location("fsdp_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_memory_benchmark_measures_a_converted_language_model(tmp_path):
+    """scripts/fsdp_memory.py's language rows at a tiny Llama shape (the 1B row's code path): ddp on one process
+    holds 16 bytes a parameter (weights, gradients, AdamW's two moments), fsdp's two ranks half of it each."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("psutil")
+    row = memory_script().measure_row("llama_tiny", tmp_path)
+    ddp, fsdp = row["ddp"]["state_bytes_per_rank"], row["fsdp"]["state_bytes_per_rank"]
+    assert row["ddp"]["processes"] == 1 and ddp == [16 * row["parameters"]]
+    assert len(fsdp) == 2 and sum(fsdp) == ddp[0] and max(fsdp) < 0.6 * ddp[0]
+    assert row["fsdp_over_ddp"] == max(fsdp) / ddp[0] and row["fsdp"]["peak_rss_bytes"] > 0
+
+
+def test_the_committed_memory_table_is_generated_from_the_committed_json():
+    script, root = memory_script(), Path(__file__).resolve().parents[1]
+    record = json.loads((root / "docs" / "bench" / "fsdp_memory.json").read_text())
+    assert script.table(record) in (root / "docs" / "benchmarks.md").read_text()
