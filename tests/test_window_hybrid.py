@@ -5,6 +5,8 @@ linvit.convert(window=) in GPT-2 and Llama: cached decoding, generate() greedy a
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -68,16 +70,59 @@ FORMS = {"linear": None, "katz": 0.7}
 @pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("window", [1, 3, 8, 23, 40])
 def test_the_op_equals_the_dense_float64_reference_in_every_form(window, form):
-    """Chunked (chunks of 5: windows cross chunks), recurrent, and a prompt continued token by token."""
+    """Chunked (chunks of 5: windows cross chunks; chunks of 1: 23 chunks, more than one vectorised block),
+    recurrent, and a prompt continued token by token."""
     q, k, v = _qkv()
     gamma = FORMS[form]
     expected = _dense_reference(q, k, v, window, gamma)
     chunked, _ = window_causal_chunked(q, k, v, window, gamma=gamma, chunk_size=5)
+    blocks, _ = window_causal_chunked(q, k, v, window, gamma=gamma, chunk_size=1)
     recurrent, _ = window_causal_recurrent(q, k, v, window, gamma=gamma)
     head, state = window_causal_chunked(q[:, :, :10], k[:, :, :10], v[:, :, :10], window, gamma=gamma, chunk_size=4)
     tail, _ = window_causal_recurrent(q[:, :, 10:], k[:, :, 10:], v[:, :, 10:], window, gamma=gamma, state=state)
-    for out in (chunked, recurrent, torch.cat([head, tail], dim=2)):
+    for out in (chunked, blocks, recurrent, torch.cat([head, tail], dim=2)):
         torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_a_prompt_continued_after_decoding_reads_the_ring_in_order_of_age(form):
+    """Decoding writes each token over the ring's oldest slot (the ring then starts mid-way); a later prompt, a
+    later decoding and packed documents across the calls still follow the reference."""
+    q, k, v = _qkv(N=40)
+    resets = torch.zeros(2, 40, dtype=torch.bool)
+    resets[1, 21] = resets[0, 33] = True
+    gamma, window = FORMS[form], 8
+    expected = _dense_reference(q, k, v, window, gamma, resets=resets)
+    outs, state, a = [], None, 0
+    for b, run in ((10, window_causal_chunked), (23, window_causal_recurrent), (31, window_causal_chunked)):
+        out, state = run(
+            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], window, gamma=gamma, state=state, resets=resets[:, a:b]
+        )
+        outs.append(out)
+        a = b
+        if run is window_causal_recurrent:
+            assert int(state.position[0]) == 13 % window  # the ring was left mid-way
+    out, _ = window_causal_recurrent(
+        q[:, :, a:], k[:, :, a:], v[:, :, a:], window, gamma=gamma, state=state, resets=resets[:, a:]
+    )
+    torch.testing.assert_close(torch.cat([*outs, out], dim=2), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_decoding_writes_into_the_ring_in_place_unless_gradients_flow():
+    """O(1) per token: the returned state's ring is the given one's storage (no copy); with gradients the given
+    state is left as it was, and the gradient of two steps reaches the inputs."""
+    q, k, v = _qkv(N=12)
+    _, state = window_causal_chunked(q[:, :, :10], k[:, :, :10], v[:, :, :10], 4, gamma=0.7)
+    with torch.no_grad():
+        _, after = window_causal_recurrent(q[:, :, 10:], k[:, :, 10:], v[:, :, 10:], 4, gamma=0.7, state=state)
+    assert all(getattr(after, n).data_ptr() == getattr(state, n).data_ptr() for n in ("keys", "values", "carried"))
+    _, state = window_causal_chunked(q[:, :, :10], k[:, :, :10], v[:, :, :10], 4, gamma=0.7)
+    before = [t.clone() for t in state if t is not None]
+    tail = [t[:, :, 10:].clone().requires_grad_(True) for t in (q, k, v)]
+    out, _ = window_causal_recurrent(*tail, 4, gamma=0.7, state=state)
+    out.sum().backward()
+    assert all(torch.equal(a, b) for a, b in zip(before, [t for t in state if t is not None], strict=True))
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in tail)
 
 
 def _spiky(dtype, seed=3):
@@ -185,7 +230,8 @@ def test_padding_and_packed_documents_follow_the_reference(form):
     rows = keep[:, None, :].expand(B, H, N)
     for window in (1, 4, 9):
         expected = _dense_reference(q, k, v, window, FORMS[form], keep, resets)
-        for run in (window_causal_chunked, window_causal_recurrent):
+        chunks_of_1 = functools.partial(window_causal_chunked, chunk_size=1)  # 23 chunks: two blocks
+        for run in (window_causal_chunked, chunks_of_1, window_causal_recurrent):
             out, _ = run(q, k, v, window, gamma=FORMS[form], key_mask=keep, resets=resets)
             torch.testing.assert_close(out[rows], expected[rows], rtol=1e-10, atol=1e-12)
             assert torch.equal(out[~rows], torch.zeros_like(out[~rows]))  # a padded query sees no key: 0
@@ -333,6 +379,26 @@ def test_the_ring_follows_beam_search_reorders():
         step = model(ids[:, :1], cache=cache, use_cache=True).logits[:, -1]
         full = model(torch.cat([ids[[1, 1]], ids[:, :1]], dim=1), use_cache=False).logits[:, -1]
     torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+
+
+def test_copies_and_reordered_rows_of_a_cache_decode_apart():
+    """Decoding writes into the ring in place: the rows beam search's reorder duplicates and a deep copy of the
+    cache must not share it. Each continuation equals one forward over its whole text."""
+    import copy
+
+    transformers = pytest.importorskip("transformers")
+    model = _model("gpt2", "katz_infsa:hedgehog", window=3)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(5))
+    new = torch.randint(1, VOCAB, (2, 4), generator=torch.Generator().manual_seed(6))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+        cache.reorder_cache(torch.tensor([1, 1]))  # both rows now continue row 1, with different tokens
+        twin = copy.deepcopy(cache)
+        for run, tokens in ((cache, new), (twin, new.flip(0))):
+            steps = [model(tokens[:, t : t + 1], cache=run, use_cache=True).logits for t in range(4)]
+            full = model(torch.cat([ids[[1, 1]], tokens], dim=1), use_cache=False).logits[:, 9:]
+            torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("form", ["katz_infsa", "linear_attention"])
