@@ -579,15 +579,17 @@ def _add_distill_command(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--window",
-        type=POSITIVE,
+        type=NON_NEGATIVE,
         default=None,
-        help="causal LMs: exact softmax over the last W tokens, the mixer over older ones (default: no window)",
+        help="causal LMs: exact softmax over the last W tokens, the mixer over older ones "
+        "(default: 64 for causal Katz and linear attention students, as measured; 0: no window)",
     )
     p.add_argument(
         "--stages",
-        choices=["both", "attention", "end-to-end"],
-        default="both",
-        help="attention transfer (OUT/attention), then end to end (OUT)",
+        choices=["auto", "both", "attention", "end-to-end"],
+        default="auto",
+        help="attention transfer (OUT/attention), then end to end (OUT); auto: attention transfer only for a "
+        "windowed language student (as measured), both otherwise",
     )
     p.add_argument("--transfer-epochs", type=POSITIVE, default=1, help="epochs of attention transfer")
     p.add_argument("--transfer-lr", type=float, default=1e-3, help="learning rate of attention transfer")

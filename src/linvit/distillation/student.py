@@ -21,7 +21,7 @@ def make_student(
     """A deep copy of the teacher with every attention layer converted to mixer (linvit.convert's variants, its
     feature_dim and, for causal language models, its sliding window)."""
     student = copy.deepcopy(teacher).requires_grad_(True)
-    convert_if_asked(student, mixer, gamma_init, feature_dim, window)
+    convert_if_asked(student, mixer, gamma_init, feature_dim, window or None)  # a stored 0: no window
     return student
 
 

@@ -34,12 +34,13 @@ from ..evaluate import autocast, eval_loader, evaluate, image_split
 from ..mixers import conversion_forms, get_mixer
 from ..utils.artifacts import WEIGHTS
 from ..weights import load_weights
+from .recipe import chosen_stages, chosen_window
 from .student import make_student, merged, train_only_converted_layers, with_lora
-from .teacher import Logits, Teacher, absolute_teacher, load_teacher, logits_of
+from .teacher import Logits, Teacher, absolute_teacher, causal_language_teacher, load_teacher, logits_of
 from .text import text_splits
 from .transfer import LayerTaps, layer_pairs
 
-STAGES = ("both", "attention", "end-to-end")
+STAGES = ("auto", "both", "attention", "end-to-end")  # auto: distillation.recipe.chosen_stages
 
 
 # Katz-InfSA with learned (Hedgehog) feature maps: at or above fixed-map Katz on every row of docs/results.md
@@ -69,8 +70,10 @@ class DistillConfig(TrainConfig):
     mixer: str = DEFAULT_MIXER
     gamma_init: float | None = None  # None: 0.5 for Katz-InfSA, else linvit.convert's 0.9 (default_gamma)
     feature_dim: int | None = None  # a learned map's size f (katz_infsa:hedgehog; None: the head dim)
-    window: int | None = None  # causal LMs: exact softmax over the last W tokens (linvit.convert's window=)
-    stages: str = "both"
+    # causal LMs: exact softmax over the last W tokens (linvit.convert's window=); None: the measured default
+    # (distillation.recipe.chosen_window: 64 for causal LM teachers under Katz or linear attention), 0: none
+    window: int | None = None
+    stages: str = "auto"
     transfer_epochs: int = 1
     transfer_lr: float = 1e-3
     lora_rank: int = 0
@@ -362,14 +365,33 @@ def skipped_stage_settings(config: DistillConfig) -> str | None:
     return f"linvit distill: warning: {flags} ignored: --stages {config.stages} {STAGE_HINTS[config.stages]}"
 
 
+def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
+    """config with the window and stages its flags left open chosen (distillation.recipe; every rank reads the
+    same teacher configuration, so all choose alone and alike), and a line saying what was chosen, if anything.
+    The run stores the choice: window 0 for none, so its folder rebuilds the same student."""
+    language = config.window is None and causal_language_teacher(config.teacher)
+    window = chosen_window(config.window, config.mixer, language)
+    stages = chosen_stages(config.stages, window)
+    chosen = []
+    if config.window is None and window is not None:
+        chosen.append(f"--window {window}")
+    if config.stages == "auto" and stages != "both":
+        chosen.append(f"--stages {stages}")
+    config = config.replace(window=window or 0, stages=stages)
+    if not chosen:
+        return config, None
+    return config, f"linvit distill: a causal language model teacher: {' '.join(chosen)} (docs/distill.md, Defaults)"
+
+
 def run_distill(config: DistillConfig) -> nn.Module:
     """`linvit distill`: every stage in turn (each resumes with --resume); returns the final student."""
     if config.teacher is None or config.data is None or config.output is None:
         raise UsageError("distill needs a teacher, data and an output folder")
-    notice = skipped_stage_settings(config)
-    if notice and int(os.environ.get("RANK", "0")) == 0:  # once under torchrun (before the process group exists)
-        print(notice, file=sys.stderr)
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
+    config, chosen = with_recipe(config)
+    for notice in (chosen, skipped_stage_settings(config)):
+        if notice and int(os.environ.get("RANK", "0")) == 0:  # once under torchrun (before the process group exists)
+            print(notice, file=sys.stderr)
     start = None
     with distributed_session(config.device):  # one process group for both stages
         for stage, stage_config in stage_configs(config):

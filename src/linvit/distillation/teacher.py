@@ -122,8 +122,7 @@ def _huggingface(name: str, file: str | None) -> Teacher:
         config = transformers.AutoConfig.from_pretrained(name)
     except OSError as err:
         raise UsageError(f"--teacher hf:{name}: {str(err).splitlines()[0]}") from err
-    architectures = config.architectures or []
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+    if _is_causal_lm(config):
         model = transformers.AutoModelForCausalLM.from_pretrained(name)
         return Teacher(model, True, tokenizer=_tokenizer(name))
     model = transformers.AutoModelForImageClassification.from_pretrained(name)
@@ -132,6 +131,23 @@ def _huggingface(name: str, file: str | None) -> Teacher:
     mean, std = _hf_normalisation(name)
     data_config = {**IMAGENET, "mean": mean, "std": std, "input_size": (3, side, side), "crop_pct": 1.0}
     return Teacher(model, False, data_config, label_names=_hf_label_names(config))
+
+
+def _is_causal_lm(config) -> bool:
+    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in config.architectures or [])
+
+
+def causal_language_teacher(spec: str) -> bool:
+    """Whether --teacher names a causal language model, from its configuration alone (no weights read): only
+    hf: teachers can be one."""
+    if not spec.startswith("hf:"):
+        return False
+    try:
+        import transformers
+
+        return _is_causal_lm(transformers.AutoConfig.from_pretrained(spec[3:]))
+    except (ImportError, OSError, ValueError):
+        return False  # load_teacher names what is wrong with the spec
 
 
 def _hf_label_names(config) -> list[str] | None:

@@ -1,0 +1,73 @@
+"""The recipe `linvit distill` picks when its flags leave it open (distillation.recipe, docs/distill.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from linvit.distillation.recipe import LM_WINDOW, chosen_stages, chosen_window
+from linvit.distillation.teacher import causal_language_teacher
+
+
+@pytest.mark.parametrize(
+    "window, mixer, language, expected",
+    [
+        (None, "katz_infsa:hedgehog", True, LM_WINDOW),  # left open: the measured window
+        (None, "linear_attention:hedgehog", True, LM_WINDOW),
+        (None, "katz_infsa", True, LM_WINDOW),
+        (None, "pure_infsa", True, None),  # no causal state to delay
+        (None, "katz_infsa:hedgehog", False, None),  # vision has no window
+        (0, "katz_infsa:hedgehog", True, None),  # asked for none
+        (16, "katz_infsa:hedgehog", True, 16),  # asked for one
+    ],
+)
+def test_the_window_left_open_is_the_measured_one_for_causal_lms_only(window, mixer, language, expected):
+    assert chosen_window(window, mixer, language) == expected
+
+
+def test_stages_left_open_are_transfer_only_for_a_windowed_student():
+    assert chosen_stages("auto", LM_WINDOW) == "attention"
+    assert chosen_stages("auto", None) == "both"
+    for asked in ("both", "attention", "end-to-end"):
+        assert chosen_stages(asked, LM_WINDOW) == asked
+
+
+def test_only_an_hf_causal_lm_is_a_language_teacher(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=1, n_head=4)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
+    vit = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1)
+    vit.num_attention_heads, vit.intermediate_size = 4, 64
+    transformers.ViTForImageClassification(vit).save_pretrained(tmp_path / "vit")
+    assert causal_language_teacher(f"hf:{tmp_path / 'gpt2'}")
+    assert not causal_language_teacher(f"hf:{tmp_path / 'vit'}")
+    assert not causal_language_teacher("vit_4l_patch16_224")  # timm names and run folders are vision
+    assert not causal_language_teacher(f"hf:{tmp_path / 'missing'}")  # load_teacher names the error
+
+
+def test_a_language_run_with_no_recipe_flags_gets_the_window_and_transfer_only(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import linvit
+    from linvit.distillation import DistillConfig, run_distill
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=256, n_positions=160, n_embd=32, n_layer=1, n_head=4)
+    cfg.bos_token_id = cfg.eos_token_id = 0
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 120, encoding="utf-8")
+    runtime = {"workers": 0, "device": "cpu", "progress": False, "batch_size": 4, "train_windows": 8}
+    config = DistillConfig(teacher=f"hf:{tmp_path / 'gpt2'}", data=str(text), output=str(tmp_path / "run"), **runtime)
+    run_distill(config.replace(context=80))
+    saved = yaml.safe_load((tmp_path / "run/args.yaml").read_text())
+    assert (saved["window"], saved["stages"]) == (LM_WINDOW, "attention")
+    assert not (tmp_path / "run/attention").exists()  # one stage, written to the run itself
+    student = linvit.load_run(tmp_path / "run")
+    assert {getattr(m, "infsa_window", None) for m in student.modules() if hasattr(m, "infsa_window")} == {LM_WINDOW}
+
+    run_distill(config.replace(output=str(tmp_path / "none"), context=80, window=0))
+    saved = yaml.safe_load((tmp_path / "none/args.yaml").read_text())
+    assert (saved["window"], saved["stages"]) == (0, "both")
+    student = linvit.load_run(tmp_path / "none")
+    assert all(getattr(m, "infsa_window", None) is None for m in student.modules())
