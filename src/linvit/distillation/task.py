@@ -368,7 +368,7 @@ def skipped_stage_settings(config: DistillConfig) -> str | None:
 def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     """config with the window and stages its flags left open chosen (distillation.recipe; every rank reads the
     same teacher configuration, so all choose alone and alike), and a line saying what was chosen, if anything.
-    The run stores the choice: window 0 for none, so its folder rebuilds the same student."""
+    The run stores the choice (None for no window, as runs before the default stored it)."""
     language = config.window is None and causal_language_teacher(config.teacher)
     window = chosen_window(config.window, config.mixer, language)
     stages = chosen_stages(config.stages, window)
@@ -377,7 +377,7 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
         chosen.append(f"--window {window}")
     if config.stages == "auto" and stages != "both":
         chosen.append(f"--stages {stages}")
-    config = config.replace(window=window or 0, stages=stages)
+    config = config.replace(window=window, stages=stages)  # None stored as before: old folders resume
     if not chosen:
         return config, None
     return config, f"linvit distill: a causal language model teacher: {' '.join(chosen)} (docs/distill.md, Defaults)"
