@@ -8,6 +8,7 @@ import yaml
 
 from linvit.distillation.recipe import LM_WINDOW, chosen_stages, chosen_window
 from linvit.distillation.teacher import causal_language_teacher
+from linvit.errors import UsageError
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,15 @@ def test_only_an_hf_causal_lm_is_a_language_teacher(tmp_path):
     assert causal_language_teacher(f"hf:{tmp_path / 'gpt2'}")
     assert not causal_language_teacher(f"hf:{tmp_path / 'vit'}")
     assert not causal_language_teacher("vit_4l_patch16_224")  # timm names and run folders are vision
-    assert not causal_language_teacher(f"hf:{tmp_path / 'missing'}")  # load_teacher names the error
+    with pytest.raises(UsageError, match="missing"):  # a rank that cannot read it stops instead of choosing alone
+        causal_language_teacher(f"hf:{tmp_path / 'missing'}")
+
+
+def test_a_window_asked_for_a_vision_teacher_keeps_both_stages():
+    from linvit.distillation.task import DistillConfig, with_recipe
+
+    config, notice = with_recipe(DistillConfig(teacher="vit_4l_patch16_224", window=16))
+    assert (config.window, config.stages, notice) == (16, "both", None)
 
 
 def test_a_language_run_with_no_recipe_flags_gets_the_window_and_transfer_only(tmp_path):

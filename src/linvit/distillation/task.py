@@ -367,11 +367,11 @@ def skipped_stage_settings(config: DistillConfig) -> str | None:
 
 def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     """config with the window and stages its flags left open chosen (distillation.recipe; every rank reads the
-    same teacher configuration, so all choose alone and alike), and a line saying what was chosen, if anything.
+    same teacher configuration, and one that cannot read it stops), and a line saying what was chosen, if anything.
     The run stores the choice (None for no window, as runs before the default stored it)."""
-    language = config.window is None and causal_language_teacher(config.teacher)
+    language = causal_language_teacher(config.teacher)
     window = chosen_window(config.window, config.mixer, language)
-    stages = chosen_stages(config.stages, window)
+    stages = chosen_stages(config.stages, window if language else None)  # transfer only: measured on LMs only
     chosen = []
     if config.window is None and window is not None:
         chosen.append(f"--window {window}")

@@ -144,10 +144,12 @@ def causal_language_teacher(spec: str) -> bool:
         return False
     try:
         import transformers
-
+    except ImportError:
+        return False  # load_teacher says what to install
+    try:
         return _is_causal_lm(transformers.AutoConfig.from_pretrained(spec[3:]))
-    except (ImportError, OSError, ValueError):
-        return False  # load_teacher names what is wrong with the spec
+    except (OSError, ValueError) as err:  # loud on every rank that cannot read it: no rank decides alone
+        raise UsageError(f"--teacher {spec}: {str(err).splitlines()[0]}") from err
 
 
 def _hf_label_names(config) -> list[str] | None:
