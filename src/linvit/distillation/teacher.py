@@ -112,16 +112,12 @@ def _torchvision(name: str, file: str | None, img_size, model_kwargs) -> Teacher
 def _huggingface(name: str, file: str | None) -> Teacher:
     if file is not None:
         raise UsageError("--teacher-file goes with a timm or torchvision model; hf: teachers bring their weights")
-    if name.startswith(("/", ".", "~")):  # a local folder, not a Hub id: a typo is named as one
-        check_exists(Path(name).expanduser())
+    _check_local(name)
     try:
         import transformers
     except ImportError as err:
         raise UsageError('an hf: teacher needs transformers: pip install -e ".[hf]"') from err
-    try:
-        config = transformers.AutoConfig.from_pretrained(name)
-    except OSError as err:
-        raise UsageError(f"--teacher hf:{name}: {str(err).splitlines()[0]}") from err
+    config = _hf_config(name)
     if _is_causal_lm(config):
         model = transformers.AutoModelForCausalLM.from_pretrained(name)
         return Teacher(model, True, tokenizer=_tokenizer(name))
@@ -133,6 +129,22 @@ def _huggingface(name: str, file: str | None) -> Teacher:
     return Teacher(model, False, data_config, label_names=_hf_label_names(config))
 
 
+def _check_local(name: str) -> None:
+    """A local folder, not a Hub id, that is not there is named as a typo (before transformers is needed)."""
+    if name.startswith(("/", ".", "~")):
+        check_exists(Path(name).expanduser())
+
+
+def _hf_config(name: str):
+    """The transformers configuration of an hf: teacher, or one line naming what is wrong with the name."""
+    import transformers
+
+    try:
+        return transformers.AutoConfig.from_pretrained(name)
+    except OSError as err:
+        raise UsageError(f"--teacher hf:{name}: {str(err).splitlines()[0]}") from err
+
+
 def _is_causal_lm(config) -> bool:
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in config.architectures or [])
 
@@ -142,14 +154,12 @@ def causal_language_teacher(spec: str) -> bool:
     hf: teachers can be one."""
     if not spec.startswith("hf:"):
         return False
+    _check_local(spec[3:])
     try:
-        import transformers
+        import transformers  # noqa: F401
     except ImportError:
-        return False  # load_teacher says what to install
-    try:
-        return _is_causal_lm(transformers.AutoConfig.from_pretrained(spec[3:]))
-    except (OSError, ValueError) as err:  # loud on every rank that cannot read it: no rank decides alone
-        raise UsageError(f"--teacher {spec}: {str(err).splitlines()[0]}") from err
+        return False  # load_teacher names a missing folder, then what to install
+    return _is_causal_lm(_hf_config(spec[3:]))  # one line on every rank that cannot read it: none decides alone
 
 
 def _hf_label_names(config) -> list[str] | None:
