@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
+from linvit.data.splits import open_split
 from linvit.distillation import make_student
 from linvit.distillation.task import default_gamma
 from linvit.distillation.teacher import load_teacher, logits_of
 from linvit.distillation.transfer import LayerTaps, layer_pairs
-from linvit.evaluate import image_split
 from linvit.layers import feature_maps
 from linvit.reproduce.stats import mean_interval
 from linvit.weights.run_folder import run_args
@@ -30,7 +30,7 @@ from linvit.weights.run_folder import run_args
 def val_batch(teacher, data: str, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     from timm.data import create_transform
 
-    split = image_split(data, "val", create_transform(**teacher.data_config, is_training=False))
+    split = open_split(data, "val", create_transform(**teacher.data_config, is_training=False))
     items = [split[i] for i in range(min(count, len(split)))]
     return torch.stack([item[0] for item in items]), torch.tensor([item[1] for item in items])
 

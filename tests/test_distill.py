@@ -191,8 +191,8 @@ def test_data_whose_class_names_are_not_the_teachers_is_refused_in_one_line(digi
     names (or order) are refused naming both; a reader that only numbers its classes is checked by count alone."""
     import shutil
 
+    from linvit.data.splits import open_split
     from linvit.distillation.task import check_class_names, named_classes
-    from linvit.evaluate import image_split
 
     train = ["train", "--model", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=1"]
     train += ["num_heads=2", "--data", str(digits), "--img-size", "32", "--crop-pct", "1.0", "--epochs", "1"]
@@ -217,7 +217,7 @@ def test_data_whose_class_names_are_not_the_teachers_is_refused_in_one_line(digi
         classes, names_classes = ["0", "1"], False
 
     assert named_classes(Numbered()) is None
-    assert named_classes(image_split("digits:digit", "val")) == [str(d) for d in range(10)]
+    assert named_classes(open_split("digits:digit", "val")) == [str(d) for d in range(10)]
 
 
 def test_imagenet_class_folders_match_a_teacher_that_names_the_classes_by_description():

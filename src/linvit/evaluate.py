@@ -1,94 +1,29 @@
-"""Evaluation: top-1/top-5/loss on an ImageNet-layout split (`linvit eval`), and the evaluation loop pieces the
-other tasks share (autocast, rank-sharded loaders, JSON output). Weights are read by linvit.weights."""
+"""`linvit eval`: top-1/top-5/loss of a checkpoint (a run folder, a weights file, an exported .onnx file) on one
+split of any `--data`. The loop and the numbers are the classification task's (train.evaluate_classification on
+engine.run_evaluation); weights are read by linvit.weights."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-from contextlib import nullcontext
-from pathlib import Path
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from timm.data import create_transform, resolve_data_config
-from torch.utils.data import DataLoader, Subset
-from tqdm import tqdm
 
 from .config import Config, default_workers
-from .data import collate_images
 from .data.splits import open_split
-from .distributed import all_reduce_sum, cleanup, init_distributed
+from .distributed import cleanup, init_distributed
+from .engine import eval_loader
 from .errors import UsageError
+from .train import evaluate_classification
 from .utils import compile_model
+from .utils.paths import write_json
 from .weights import create_for_checkpoint, height_width, load_and_convert, run_model_args, use_run_folder
-
-AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast(device: torch.device, amp: str):
-    dtype = AMP_DTYPES[amp]
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, loader, device: torch.device, amp: str = "none", progress: bool = False, desc: str = "eval"
-) -> dict:
-    """Mean cross-entropy, top-1 and top-5 accuracy (%) over the loader, summed across ranks.
-
-    Each rank sees a disjoint shard (no padding duplicates), so every rank returns the same numbers. The sums
-    stay on the device until the end (no host synchronisation per batch).
-    """
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits
-    count = skipped = 0
-    for batch in tqdm(loader, desc=desc, leave=False, disable=not progress):
-        if batch is None:
-            continue
-        images, targets, bad = batch
-        skipped += bad
-        count += targets.numel()
-        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        with autocast(device, amp):
-            logits = model(images)
-        logits = logits.float()
-        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices == targets[:, None]
-        loss = F.cross_entropy(logits, targets, reduction="sum")
-        sums += torch.stack([loss, hits[:, 0].sum(), hits.any(dim=1).sum()]).double()
-    loss_sum, top1, top5 = sums.tolist()
-    loss_sum, top1, top5, count, skipped = all_reduce_sum([loss_sum, top1, top5, count, skipped], device)
-    if count == 0:
-        raise UsageError("evaluation saw no readable images")
-    return {
-        "loss": loss_sum / count,
-        "top1": 100.0 * top1 / count,
-        "top5": 100.0 * top5 / count,
-        "images": int(count),
-        "skipped": int(skipped),
-    }
-
-
-def eval_loader(dataset, batch_size: int, workers: int, rank: int, world: int, collate_fn=collate_images):
-    """Disjoint rank shards (rank::world) in order; unequal shards are fine since results are summed."""
-    shard = Subset(dataset, list(range(rank, len(dataset), world)))
-    return DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=workers, collate_fn=collate_fn)
-
-
-def write_json(path: str | Path, record: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(record, indent=2))
-
-
-def image_split(data, split: str, transform=None, unreadable: str = "skip"):
-    """The split of any `--data` spec (class folder, digits:, wds:, hfds:; see data.splits)."""
-    return open_split(data, split, transform, unreadable)
 
 
 def class_count(data: str, split: str) -> int:
     """Classes of DATA/SPLIT (its class folders; 10 for the digit tasks)."""
-    return len(image_split(data, split).classes)
+    return len(open_split(data, split).classes)
 
 
 def other_size_note(checkpoint, img_size) -> str | None:
@@ -150,11 +85,13 @@ def run_eval(config: EvalConfig) -> dict:
             if note:
                 print(note, file=sys.stderr)
         data_config = resolve_data_config({"img_size": config.img_size, "crop_pct": config.crop_pct}, model=model)
-        dataset = image_split(config.data, config.split, create_transform(**data_config, is_training=False))
+        dataset = open_split(config.data, config.split, create_transform(**data_config, is_training=False))
         model.to(device)
         loader = eval_loader(dataset, config.batch_size, config.workers, rank, world)
         progress = rank == 0 and config.progress
-        metrics = evaluate(compile_model(model, config.compile), loader, device, config.amp, progress=progress)
+        metrics = evaluate_classification(
+            compile_model(model, config.compile), loader, device, config.amp, progress=progress
+        )
         metrics.update(
             model=config.model, checkpoint=config.checkpoint, weights=weights, split=config.split, data=str(config.data)
         )
@@ -176,9 +113,9 @@ def evaluate_onnx(config) -> dict:
     if classes != model.num_classes:
         raise UsageError(f"{config.checkpoint} has {model.num_classes} classes; {config.data} has {classes}")
     data_config = model.data_config(config.img_size, config.crop_pct)
-    dataset = image_split(config.data, config.split, create_transform(**data_config, is_training=False))
+    dataset = open_split(config.data, config.split, create_transform(**data_config, is_training=False))
     loader = eval_loader(dataset, config.batch_size, config.workers, 0, 1)
-    metrics = evaluate(model, loader, torch.device("cpu"), progress=config.progress)
+    metrics = evaluate_classification(model, loader, torch.device("cpu"), progress=config.progress)
     metrics.update(
         model=model.meta.get("model"), checkpoint=str(config.checkpoint), runtime="onnxruntime", split=config.split
     )

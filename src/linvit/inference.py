@@ -33,6 +33,7 @@ from .data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
 from .distributed import resolve_device
 from .errors import UsageError
 from .models import patch_size
+from .utils.runtime import autocast
 
 
 def native_size(size: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:
@@ -85,8 +86,6 @@ def predict(
     amp: str = "none",
 ) -> list[dict]:
     """Top-k (label, probability) per image; images of equal size run together in batches of batch_size."""
-    from .evaluate import autocast
-
     device = torch.device(device)
     model.eval().to(device)
     names = list(label_names or getattr(model, "label_names", None) or [])

@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.data import Mixup, create_transform, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
@@ -21,11 +22,12 @@ from .config import TrainConfig
 from .conversion import convert_if_asked
 from .data import collate_images
 from .data.augment import fix_posterize
+from .data.splits import open_split
 from .distributed import all_reduce_sum
-from .engine import Parts, Run, Task, fit
+from .engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
 from .errors import UsageError
-from .evaluate import autocast, eval_loader, evaluate, image_split
 from .models import create_variant
+from .utils.runtime import autocast
 
 
 @dataclasses.dataclass
@@ -81,8 +83,8 @@ def build_datasets(config: ClassifyConfig, model: nn.Module) -> tuple[Dataset, D
         re_count=1,
     )
     fix_posterize(train_tf)  # timm's Posterize at 0 bits raises on Pillow 13 (linvit.data.augment)
-    train = image_split(config.data, config.train_split, train_tf, unreadable="replace")
-    val = image_split(config.data, config.val_split, create_transform(**data_config, is_training=False))
+    train = open_split(config.data, config.train_split, train_tf, unreadable="replace")
+    val = open_split(config.data, config.val_split, create_transform(**data_config, is_training=False))
     if train.classes != val.classes:
         hint = (
             ""
@@ -112,6 +114,51 @@ def mixup_and_criterion(config: ClassifyConfig, num_classes: int) -> tuple[Mixup
     return None, nn.CrossEntropyLoss()
 
 
+class ClassificationScores(Metric):
+    """Summed cross-entropy, top-1 and top-5 hits. The sums stay on the device until the end (no host
+    synchronisation per batch); each rank sees a disjoint shard (no padding duplicates), so the sums over
+    ranks are the split's."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits
+        self.count = self.skipped = 0
+
+    def update(self, forward, batch) -> None:
+        if batch is None:  # every image of the batch was unreadable
+            return
+        images, targets, bad = batch
+        self.skipped += bad
+        self.count += targets.numel()
+        images, targets = images.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+        logits = forward(images).float()
+        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices == targets[:, None]
+        loss = F.cross_entropy(logits, targets, reduction="sum")
+        self.sums += torch.stack([loss, hits[:, 0].sum(), hits.any(dim=1).sum()]).double()
+
+    def result(self) -> dict:
+        loss_sum, top1, top5 = self.sums.tolist()
+        totals = all_reduce_sum([loss_sum, top1, top5, self.count, self.skipped], self.device)
+        loss_sum, top1, top5, count, skipped = totals
+        if count == 0:
+            raise UsageError("evaluation saw no readable images")
+        return {
+            "loss": loss_sum / count,
+            "top1": 100.0 * top1 / count,
+            "top5": 100.0 * top5 / count,
+            "images": int(count),
+            "skipped": int(skipped),
+        }
+
+
+def evaluate_classification(
+    model: nn.Module, loader, device: torch.device, amp: str = "none", progress: bool = False
+) -> dict:
+    """Mean cross-entropy, top-1 and top-5 accuracy (%) over the loader, the same on every rank; also what
+    `linvit eval` and distillation report."""
+    return run_evaluation(model, loader, ClassificationScores(device), device, amp, progress)
+
+
 class Classification(Task):
     """Image classification on class folders (or the drawn digits); top-1/top-5 validation, EMA optional."""
 
@@ -122,7 +169,7 @@ class Classification(Task):
         self.replaced = torch.zeros((), dtype=torch.int64)  # undecodable training images replaced (this rank)
 
     def build(self, config: ClassifyConfig, device, rank: int, world: int) -> Parts:
-        self.num_classes = len(image_split(config.data, config.train_split).classes)
+        self.num_classes = len(open_split(config.data, config.train_split).classes)
         model = create_variant(
             config.model,
             img_size=config.img_size,
@@ -164,11 +211,11 @@ class Classification(Task):
             print(f"epoch {epoch}: replaced {numbers['replaced_images']} undecodable training images")
 
     def evaluate(self, run: Run, epoch: int) -> dict:
-        val = evaluate(run.eval_net, run.parts.val_loader, run.device, run.config.amp)
+        val = evaluate_classification(run.eval_net, run.parts.val_loader, run.device, run.config.amp)
         numbers = {"val_top1": val["top1"], "val_top5": val["top5"], "val_loss": val["loss"]}
         numbers["skipped_images"] = val["skipped"]
         if run.ema is not None:
-            ema_val = evaluate(run.ema.module, run.parts.val_loader, run.device, run.config.amp)
+            ema_val = evaluate_classification(run.ema.module, run.parts.val_loader, run.device, run.config.amp)
             numbers.update(val_top1_ema=ema_val["top1"], val_top5_ema=ema_val["top5"])
         return numbers
 

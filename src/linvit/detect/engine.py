@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from tqdm import tqdm
 
 from ..config import Config, TrainConfig, default_workers
 from ..distributed import distributed_session, is_distributed
-from ..engine import Parts, Run, Task, fit
+from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
 from ..errors import UsageError
-from ..evaluate import autocast, eval_loader, write_json
+from ..utils.paths import write_json
+from ..utils.runtime import autocast
 from ..weights import load_weights, use_run_folder
 from .coco_eval import STAT_NAMES, coco_stats, to_coco_results
 from .data import CocoDetection, collate_detection, find_coco_split
@@ -100,40 +100,47 @@ def coco_split(data, split: str, train: bool, masks: bool, hflip: float = 0.0, a
     return CocoDetection(folder, ann, train=train, masks=masks, hflip=hflip)
 
 
-@torch.no_grad()
-def detect_all(model: nn.Module, loader, data: CocoDetection, device, amp: str, progress: bool) -> list[dict]:
-    """COCO result entries for this rank's images."""
-    model.eval()
-    results = []
-    for images, targets in tqdm(loader, desc="detect", leave=False, disable=not progress):
-        with autocast(device, amp):
-            outputs = model([im.to(device) for im in images])
+class CocoScores(Metric):
+    """COCO result entries of this rank's images; at the end gathered on rank 0, scored there by COCOeval and
+    the numbers shared with every rank. The result: (COCO numbers, summary text, all detections)."""
+
+    def __init__(self, data: CocoDetection, device) -> None:
+        self.data, self.device, self.results = data, device, []
+
+    def update(self, forward, batch) -> None:
+        images, targets = batch
+        outputs = forward([im.to(self.device) for im in images])
         for output, target in zip(outputs, targets, strict=True):
-            results += to_coco_results(output, target["image_id"], data.category_ids)
-    return results
+            self.results += to_coco_results(output, target["image_id"], self.data.category_ids)
+
+    def result(self) -> tuple[dict, str, list[dict]]:
+        results = self.results
+        if is_distributed():
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, results)
+            results = [r for part in parts for r in part]
+        results.sort(key=lambda r: (r["image_id"], -r["score"], r["category_id"]))  # rank order does not matter
+        outcome = [None]
+        if not is_distributed() or dist.get_rank() == 0:
+            outcome = [self._score(results)]
+        if is_distributed():
+            dist.broadcast_object_list(outcome, src=0)
+        stats, text = outcome[0]
+        return stats, text, results
+
+    def _score(self, results: list[dict]) -> tuple[dict, str]:
+        iou_types = ["bbox"] + (["segm"] if self.data.masks else [])
+        stats, text = {}, ""
+        for iou in iou_types:
+            numbers, summary = coco_stats(self.data.coco, results, iou, image_ids=self.data.ids)
+            stats.update({(k if iou == "bbox" else f"mask_{k}"): v for k, v in numbers.items()})
+            text += f"{iou}:\n{summary}"
+        return stats, text
 
 
 def evaluate_detection(model, loader, data: CocoDetection, device, amp="none", progress=False):
-    """(COCO numbers, summary text, all detections): gathered on rank 0, scored there, shared with every rank."""
-    results = detect_all(model, loader, data, device, amp, progress)
-    if is_distributed():
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, results)
-        results = [r for part in parts for r in part]
-    results.sort(key=lambda r: (r["image_id"], -r["score"], r["category_id"]))  # rank order does not matter
-    outcome = [None]
-    if not is_distributed() or dist.get_rank() == 0:
-        iou_types = ["bbox"] + (["segm"] if data.masks else [])
-        stats, text = {}, ""
-        for iou in iou_types:
-            numbers, summary = coco_stats(data.coco, results, iou, image_ids=data.ids)
-            stats.update({(k if iou == "bbox" else f"mask_{k}"): v for k, v in numbers.items()})
-            text += f"{iou}:\n{summary}"
-        outcome = [(stats, text)]
-    if is_distributed():
-        dist.broadcast_object_list(outcome, src=0)
-    stats, text = outcome[0]
-    return stats, text, results
+    """(COCO numbers, summary text, all detections), the same on every rank."""
+    return run_evaluation(model, loader, CocoScores(data, device), device, amp, progress, desc="detect")
 
 
 class Detection(Task):

@@ -14,7 +14,7 @@ from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 from torchvision.transforms import functional as TF
 from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
-from ..evaluate import autocast
+from ..utils.runtime import autocast
 
 MASK_THRESHOLD = 0.5
 

@@ -26,13 +26,15 @@ import torch.nn.functional as F
 from ..config import TrainConfig
 from ..conversion.core import canonical_form
 from ..data import collate_images
+from ..data.splits import open_split
 from ..distributed import all_reduce_sum, barrier, distributed_session
-from ..engine import Parts, Run, Task, fit
+from ..engine import Parts, Run, Task, eval_loader, fit
 from ..engine.sharding import is_sharded
 from ..errors import UsageError
-from ..evaluate import autocast, eval_loader, evaluate, image_split
 from ..mixers import conversion_forms, get_mixer
+from ..train import evaluate_classification
 from ..utils.artifacts import WEIGHTS
+from ..utils.runtime import autocast
 from ..weights import load_weights
 from .recipe import chosen_stages, chosen_window
 from .student import make_student, merged, train_only_converted_layers, with_lora
@@ -244,8 +246,8 @@ def _image_parts(task: Distillation, config: DistillConfig, rank: int, world: in
         side = config.img_size
         data_config["input_size"] = (3, side[0], side[-1])
     transform = create_transform(**data_config, is_training=False)
-    train = image_split(config.data, config.train_split, transform, unreadable="replace")
-    val = image_split(config.data, config.val_split, transform)
+    train = open_split(config.data, config.train_split, transform, unreadable="replace")
+    val = open_split(config.data, config.val_split, transform)
     task.num_classes = len(train.classes)
     head = getattr(teacher.model, "num_classes", None) or getattr(
         getattr(teacher.model, "config", None), "num_labels", 0
@@ -314,7 +316,7 @@ def _text_parts(task: Distillation, config: DistillConfig, rank: int, world: int
 
 
 def _image_numbers(model: nn.Module, run: Run) -> dict:
-    val = evaluate(Logits(model), run.parts.val_loader, run.device, run.config.amp)
+    val = evaluate_classification(Logits(model), run.parts.val_loader, run.device, run.config.amp)
     return {"val_top1": val["top1"], "val_loss": val["loss"]}
 
 

@@ -203,7 +203,7 @@ def logits_of(output) -> torch.Tensor:
 
 
 class Logits(nn.Module):
-    """model(x) as a logits tensor (Hugging Face models return a ModelOutput), for linvit.evaluate."""
+    """model(x) as a logits tensor (Hugging Face models return a ModelOutput), for evaluate_classification."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()

@@ -1,7 +1,9 @@
 """The one trainer: ``fit(task, config)`` runs any Task (classification, segmentation, detection, generation)
-under a typed TrainConfig, on one process or many (torchrun DDP).
+under a typed TrainConfig, on one process or many (torchrun DDP); and the one evaluation loop,
+``run_evaluation(model, loader, metric)``, that tasks evaluate through, in training and in their eval commands.
 
 - fit.py: Task, Run, fit and the epoch loop;
+- evaluation.py: Metric, run_evaluation and the rank-sharded evaluation loader;
 - steps.py: the steps of an epoch (train_pass) and one optimizer step;
 - recipe.py: optimizer, schedule, scaler, the training loader, DDP;
 - resume.py: checkpoint state back into a run, and which flags may change on resume;
@@ -9,6 +11,7 @@ under a typed TrainConfig, on one process or many (torchrun DDP).
 - health.py: gradient-norm and dead-head numbers of an epoch.
 """
 
+from .evaluation import Metric, eval_loader, run_evaluation
 from .fit import Parts, Run, Task, fit
 from .health import DeadHeadStats, GradNormStats
 from .recipe import train_loader, training_recipe, wrap_ddp
@@ -25,13 +28,16 @@ __all__ = [
     "SCHEDULE_FLAGS",
     "DeadHeadStats",
     "GradNormStats",
+    "Metric",
     "Parts",
     "Run",
     "Task",
+    "eval_loader",
     "fit",
     "optimizer_step",
     "plan_changes",
     "resume_run",
+    "run_evaluation",
     "stop_if_not_finite",
     "train_loader",
     "train_pass",

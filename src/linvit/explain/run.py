@@ -13,8 +13,7 @@ import torch
 from ..data import boxes_for, load_boxes
 from ..data.splits import is_reader_spec
 from ..errors import UsageError
-from ..evaluate import write_json
-from ..utils.paths import output_dir
+from ..utils.paths import output_dir, write_json
 from ..weights import check_exists, read_run_config
 from .erf import effective_receptive_field
 from .inputs import AnalysisConfig, AnalysisInputs, load_inputs

@@ -21,8 +21,8 @@ from ..data.splits import open_split
 from ..distributed import all_reduce_sum
 from ..engine import Parts, Run, Task, fit
 from ..errors import UsageError
-from ..evaluate import autocast
 from ..models import create_dit
+from ..utils.runtime import autocast
 from .diffusion import ddpm_loss, noise_schedule
 from .latent import LatentCodec
 

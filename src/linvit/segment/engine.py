@@ -13,14 +13,14 @@ from functools import partial
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from ..config import Config, TrainConfig, default_workers
 from ..conversion import convert_if_asked
 from ..distributed import all_reduce_tensor, distributed_session
-from ..engine import Parts, Run, Task, fit
+from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
 from ..errors import UsageError
-from ..evaluate import autocast, eval_loader, write_json
+from ..utils.paths import write_json
+from ..utils.runtime import autocast
 from ..weights import load_backbone, load_weights, use_run_folder
 from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
 from .metrics import confusion_matrix, scores
@@ -87,21 +87,30 @@ def pixel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index
     return losses.sum() / (labels != ignore_index).sum().clamp_min(1).to(losses.dtype)
 
 
-@torch.no_grad()
+class SegmentationScores(Metric):
+    """One confusion matrix, each prediction scored at its label map's own resolution, summed over ranks."""
+
+    def __init__(self, num_classes: int, device) -> None:
+        self.num_classes, self.device = num_classes, device
+        self.matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+
+    def update(self, forward, batch) -> None:
+        images, labels = batch
+        for image, label in zip(images, labels, strict=True):  # sizes may differ: one image at a time
+            logits = forward(image[None].to(self.device))
+            pred = upsample_logits(logits.float(), label.shape[-2:]).argmax(1)[0]
+            self.matrix += confusion_matrix(pred, label.to(self.device), self.num_classes)
+
+    def result(self) -> dict:
+        all_reduce_tensor(self.matrix)
+        return {**scores(self.matrix.cpu()), "confusion": self.matrix.cpu().tolist()}
+
+
 def evaluate_segmentation(
     model: nn.Module, loader, num_classes: int, device, amp: str = "none", progress: bool = False
 ) -> dict:
-    """Scores at each label map's own resolution, summed over ranks (every rank returns the same)."""
-    model.eval()
-    matrix = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
-    for images, labels in tqdm(loader, desc="eval", leave=False, disable=not progress):
-        for image, label in zip(images, labels, strict=True):  # sizes may differ: one image at a time
-            with autocast(device, amp):
-                logits = model(image[None].to(device))
-            pred = upsample_logits(logits.float(), label.shape[-2:]).argmax(1)[0]
-            matrix += confusion_matrix(pred, label.to(device), num_classes)
-    all_reduce_tensor(matrix)
-    return {**scores(matrix.cpu()), "confusion": matrix.cpu().tolist()}
+    """mIoU, pixel and mean accuracy, per-class IoU and the confusion matrix, the same on every rank."""
+    return run_evaluation(model, loader, SegmentationScores(num_classes, device), device, amp, progress)
 
 
 class Segmentation(Task):

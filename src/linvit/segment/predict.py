@@ -16,7 +16,7 @@ from PIL import Image
 from torchvision.transforms import functional as TF
 from torchvision.utils import draw_segmentation_masks
 
-from ..evaluate import autocast
+from ..utils.runtime import autocast
 from .data import EvalTransform, upsample_logits
 
 

@@ -1,11 +1,20 @@
-"""Run-time state: seeding and the RNG states a resumed run restores."""
+"""Run-time state: seeding, the RNG states a resumed run restores, and autocast for `--amp`."""
 
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 
 import numpy as np
 import torch
+
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, amp: str):
+    """torch.autocast on device's type in `--amp`'s dtype, or no context for "none"."""
+    dtype = AMP_DTYPES[amp]
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
 
 
 def seed_everything(seed: int) -> None:
