@@ -1,4 +1,4 @@
-"""The GPU evidence in one short device call (issue 37): ``python -m linvit.bench.gpu_plan run|table``.
+"""The GPU evidence in one short device call (issue 37): ``python scripts/gpu_plan.py run|table`` (gpu_bench.sh).
 
 GPU time comes in windows of a few minutes, so the plan runs the most important rows first and stops at a wall-time
 budget (7 minutes from a cold machine): one worker process per model family (imports and CUDA init once), each point
@@ -9,7 +9,6 @@ keeps what it measured and the next call resumes from it. ``--dry-run`` runs the
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -39,6 +38,9 @@ FAMILY_OF = {  # group -> its worker process
     "gpu_weightformer": "wf",
     "gpu_generate": "dit",
 }
+# a worker process: serve(family, device, jsonl, born) from its command line (no parser in the library)
+WORKER = "import sys, pathlib, linvit.bench.gpu_plan as g; "
+WORKER += "sys.exit(g.serve(sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]), float(sys.argv[4])))"
 DONE = "@@gpu_plan-done"  # a worker's answer to a job, on stdout after its progress lines
 REFERENCES = {suite: SUITES[suite]["reference"] for suite in REST_SUITES}
 RECORDED = Path("docs/bench/gpu_h200/plan")  # the committed GPU rows (scripts/gpu_bench.sh resumes from them)
@@ -377,16 +379,7 @@ class Workers:
         (out / "logs").mkdir(parents=True, exist_ok=True)
 
     def _spawn(self, family: str, device: str) -> subprocess.Popen:
-        cmd = [
-            sys.executable,
-            "-m",
-            "linvit.bench.gpu_plan",
-            "worker",
-            family,
-            device,
-            str(self.jsonl),
-            f"{time.time()}",
-        ]
+        cmd = [sys.executable, "-c", WORKER, family, device, str(self.jsonl), f"{time.time()}"]
         log = open(self.out / "logs" / f"{family}.log", "a")  # noqa: SIM115 - the worker's stderr while it lives
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=_env(self.out))
         log.close()
@@ -609,33 +602,3 @@ def _first_estimate() -> str:
     """What a first GPU call prints as its estimate: no GPU history, the committed dry run scaled."""
     groups = plan()
     return estimate_line(estimate(groups, [], read_rows(DRY_REFERENCE)[0], dry_run=False), groups)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m linvit.bench.gpu_plan", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("run", help="the plan: estimate, then rows as they are measured")
-    p.add_argument("--out", type=Path, default=RECORDED)
-    p.add_argument("--dry-run", action="store_true", help="the same plan at tiny sizes on the CPU")
-    p.add_argument("--budget-s", type=float, default=BUDGET_S, help="wall time for points and tests")
-    p.add_argument("--fresh", action="store_true", help="measure every point again (else resume)")
-    p.add_argument("--no-tests", action="store_true", help="skip the CUDA-only tests")
-    p.add_argument("--reference", type=Path, default=DRY_REFERENCE, help="a CPU dry run's JSONL for the estimate")
-    t = sub.add_parser("table", help="docs/benchmarks.md's GPU section (markers included) from a JSONL")
-    t.add_argument("jsonl", type=Path, nargs="?", default=RECORDED / "points.jsonl")
-    w = sub.add_parser("worker", help=argparse.SUPPRESS)
-    w.add_argument("family")
-    w.add_argument("device")
-    w.add_argument("jsonl", type=Path)
-    w.add_argument("born", type=float)
-    args = parser.parse_args(argv)
-    if args.cmd == "worker":
-        return serve(args.family, args.device, args.jsonl, args.born)
-    if args.cmd == "table":
-        print(section(args.jsonl))
-        return 0
-    return run(args.out, args.dry_run, args.budget_s, args.fresh, args.reference, not args.no_tests)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
