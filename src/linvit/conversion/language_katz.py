@@ -236,11 +236,14 @@ def _stateful_attention(module, query, key, value, attention_mask, dropout, kwar
     window = getattr(module, "infsa_window", None)
     if window is not None:
         forms = _window_forms(module, window, scaling, query, key)
-    kernel = FEATURES
+    kernel, raw_query, raw_key = FEATURES, query, key
     if hasattr(module, "infsa_feature_q"):  # learned maps: their outputs are the features, kept in float32 (a
         # feature's gradient carries the softmax's constant-sum direction: 1.4e5 on a tiny Qwen3, past float16)
         query, key = (t.to(accumulation_dtype(t)) for t in (query, key))
         query, key, kernel = module.infsa_feature_q(query), module.infsa_feature_k(key), "identity"
+    tap = getattr(module, "_linvit_weight_tap", None)
+    if tap is not None:  # attention transfer's weight loss (distillation.attention_weights) reads this call's weights
+        tap(raw_query, raw_key, query, key, kernel, scaling, window)
     keep, resets = read_mask(attention_mask, q_len, kwargs.get("sliding_window"))
     state = slot.state if slot is not None else None
     recurrent = state is not None and q_len == 1

@@ -1,7 +1,8 @@
 """The student of `linvit distill`: a copy of the teacher with its attention converted, and what trains in it.
 
-Stage 1 (attention transfer) trains the converted layers only; stage 2 (end to end) trains every parameter,
-or the converted layers whole plus LoRA adapters (peft) on every other linear layer but the heads.
+Stage 1 (attention transfer) trains the converted layers only (their learned feature maps only under the
+attention-weight loss alone); stage 2 (end to end) trains every parameter, or the converted layers whole plus
+LoRA adapters (peft) on every other linear layer but the heads.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch.nn as nn
 
 from ..conversion import convert_if_asked
 from ..errors import UsageError
+from ..layers.feature_maps import HedgehogFeatureMap
 from .transfer import layer_pairs
 
 
@@ -30,6 +32,16 @@ def train_only_converted_layers(teacher: nn.Module, student: nn.Module) -> None:
     student.requires_grad_(False)
     for _, _, layer in layer_pairs(teacher, student):
         layer.requires_grad_(True)
+
+
+def train_only_feature_maps(teacher: nn.Module, student: nn.Module) -> None:
+    """Stage 1 under the attention-weight loss alone (transfer_loss "xent"): only the converted layers' learned
+    feature maps train, Hedgehog's setup (the loss reaches nothing else a DDP run could reduce)."""
+    student.requires_grad_(False)
+    for _, _, layer in layer_pairs(teacher, student):
+        for module in layer.modules():
+            if isinstance(module, HedgehogFeatureMap):
+                module.requires_grad_(True)
 
 
 HEAD_NAMES = ("heads", "head", "classifier", "lm_head")  # torchvision, timm, Hugging Face classifier heads

@@ -36,8 +36,9 @@ from ..train import evaluate_classification
 from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
 from ..weights import load_weights
+from .attention_weights import check_transfer_loss
 from .recipe import chosen_stages, chosen_window
-from .student import make_student, merged, train_only_converted_layers, with_lora
+from .student import make_student, merged, train_only_converted_layers, train_only_feature_maps, with_lora
 from .teacher import Logits, Teacher, absolute_teacher, causal_language_teacher, load_teacher, logits_of
 from .text import text_splits
 from .transfer import LayerTaps, layer_pairs
@@ -78,6 +79,7 @@ class DistillConfig(TrainConfig):
     stages: str = "auto"
     transfer_epochs: int = 1
     transfer_lr: float = 1e-3
+    transfer_loss: str = "mse"  # mse | xent | mse+xent: output MSE, Hedgehog's attention-weight CE (attention_weights)
     lora_rank: int = 0
     temperature: float = 1.0
     hard_weight: float = 0.0
@@ -100,6 +102,7 @@ class DistillConfig(TrainConfig):
             raise UsageError(
                 f"mixer must be one of {', '.join(conversion_forms())} (linvit.convert's), got {self.mixer!r}"
             ) from None
+        check_transfer_loss(self.transfer_loss, self.mixer)
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:
@@ -129,7 +132,7 @@ class Distiller(nn.Module):
                 with torch.no_grad():
                     self._call(teacher, inputs)
                 self._call(self.student, inputs)
-                return self.taps.loss()
+                return self.taps.transfer_loss(self.config.transfer_loss)
         c = self.config
         with self.taps.active(substitute=False) if c.feature_weight else nullcontext():
             with torch.no_grad():
@@ -168,9 +171,10 @@ class Distillation(Task):
         if self.start_weights is not None:
             load_weights(student, self.start_weights)
         pairs = layer_pairs(teacher.model, student)
-        taps = LayerTaps(pairs)
+        taps = LayerTaps(pairs, weights=self.stage == "attention" and "xent" in config.transfer_loss)
         if self.stage == "attention":
-            train_only_converted_layers(teacher.model, student)
+            trains = train_only_feature_maps if config.transfer_loss == "xent" else train_only_converted_layers
+            trains(teacher.model, student)
         elif config.lora_rank:
             student = with_lora(student, config.lora_rank, [layer for _, _, layer in pairs])
         teacher.model.to(device)
@@ -183,7 +187,7 @@ class Distillation(Task):
         """What --resume does not hold against this stage: the other stage's settings. Attention transfer's length
         and rate arrive as its epochs and lr (stage_configs), which follow a new plan as the trainer's do."""
         if self.stage == "attention":
-            return frozenset(END_TO_END_FIELDS) - {"epochs", "lr"} | set(TRANSFER_FIELDS)
+            return frozenset(END_TO_END_FIELDS) - {"epochs", "lr"} | {"transfer_epochs", "transfer_lr"}
         return frozenset(TRANSFER_FIELDS)
 
     def frozen_models(self) -> list[nn.Module]:
@@ -348,7 +352,7 @@ def stage_configs(config: DistillConfig) -> list[tuple[str, DistillConfig]]:
 
 
 END_TO_END_FIELDS = ("epochs", "lr", "lora_rank", "temperature", "hard_weight", "feature_weight")
-TRANSFER_FIELDS = ("transfer_epochs", "transfer_lr")
+TRANSFER_FIELDS = ("transfer_epochs", "transfer_lr", "transfer_loss")
 SKIPPED_STAGE_FIELDS = {"attention": END_TO_END_FIELDS, "end-to-end": TRANSFER_FIELDS}
 STAGE_HINTS = {
     "attention": "runs attention transfer only (its length and rate are --transfer-epochs, --transfer-lr)",

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from ..conversion import convert_report
 from ..errors import UsageError
+from .attention_weights import WeightTaps
 
 INPUT_NAMES = ("hidden_states", "x", "query")  # the input's keyword in timm, torch and transformers layers
 
@@ -51,14 +52,23 @@ def _output_tensor(output) -> torch.Tensor:
 class LayerTaps:
     """Forward hooks on the paired layers, registered only inside ``with taps.active(substitute):``."""
 
-    def __init__(self, pairs: list[tuple[str, nn.Module, nn.Module]]) -> None:
+    def __init__(self, pairs: list[tuple[str, nn.Module, nn.Module]], weights: bool = False) -> None:
+        """weights: also record what the attention-weight loss reads (attention_weights.WeightTaps; built here,
+        before any training, as it keeps a frozen copy of the teacher's projections)."""
         self.pairs = pairs
         self.teacher_in: dict[int, torch.Tensor] = {}
         self.teacher_out: dict[int, torch.Tensor] = {}
         self.student_out: dict[int, torch.Tensor] = {}
+        self.weights = WeightTaps(pairs) if weights else None
 
     @contextlib.contextmanager
     def active(self, substitute: bool):
+        with self.weights.active() if self.weights is not None and substitute else contextlib.nullcontext():
+            with self._hooks(substitute):
+                yield self
+
+    @contextlib.contextmanager
+    def _hooks(self, substitute: bool):
         handles = []
         for i, (_, teacher_layer, student_layer) in enumerate(self.pairs):
             handles.append(teacher_layer.register_forward_pre_hook(partial(self._teacher_in, i), with_kwargs=True))
@@ -94,3 +104,12 @@ class LayerTaps:
             losses.append((student - teacher).pow(2).mean() / teacher.pow(2).mean().clamp_min(1e-12))
         self.teacher_in.clear(), self.teacher_out.clear(), self.student_out.clear()
         return torch.stack(losses).mean()
+
+    def transfer_loss(self, kind: str) -> torch.Tensor:
+        """Attention transfer's loss (attention_weights.TRANSFER_LOSSES): the relative output MSE (loss()), the
+        attention weights' CE less the teacher's entropy (Hedgehog's), or their sum, weighted 1 each."""
+        mse = self.loss()  # also clears the recorded outputs
+        if "xent" not in kind:
+            return mse
+        weights = self.weights.loss()
+        return weights if kind == "xent" else mse + weights
