@@ -1,8 +1,8 @@
 """Every `linvit` command spells a concept one way, and its flags and its typed config agree (issue 35).
 
-The config class of each command is the one the CLI itself builds (its dispatch function is run up to the
-point where it builds the config), so a command wired to the wrong config, a flag the config drops, a config
-default that drifted from the flag's, or an `--out` left visible all fail here.
+The config class of each command is the one its row in linvit_commands.COMMANDS names, so a command wired to the
+wrong config, a flag the config drops, a flag with a default of its own (defaults are the config's, issue 47) or
+an `--out` left visible all fail here.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 
 import linvit_cli
+import linvit_commands
 from linvit_cli import DEVICES, build_parser
 
 PARSER = build_parser()
@@ -20,27 +21,8 @@ LEAVES = sorted(PARSER.commands)
 CLI_ONLY = {"config", "threads", "debug", "func", "command", "dataset", "help"}  # dispatch and process flags
 
 
-class _Built(Exception):
-    """Raised in place of building a config: the class is recorded, the handler never runs."""
-
-
-def _config_class(command: tuple, monkeypatch):
-    """The Config class the CLI builds for command (None: it still hands the handler the Namespace)."""
-    seen = []
-
-    def config(config_class, args, *checks):
-        seen.append(config_class)
-        raise _Built
-
-    def prepare(args, *checks):
-        seen.append(None)
-        raise _Built
-
-    monkeypatch.setattr(linvit_cli, "_config", config)
-    monkeypatch.setattr(linvit_cli, "_prepare", prepare)
-    with pytest.raises(_Built):
-        PARSER.commands[command].get_default("func")(argparse.Namespace())
-    return seen[0]
+def _row(command: tuple) -> linvit_commands.Command:
+    return PARSER.commands[command].get_default("func").row
 
 
 def _visible(leaf: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -63,24 +45,53 @@ def _required(leaf: argparse.ArgumentParser, action: argparse.Action) -> bool:
     return action.required or any(g.required for g in groups)
 
 
+def test_every_command_is_one_row_of_the_table():
+    assert [tuple(row.words.split()) for row in linvit_commands.COMMANDS] == list(PARSER.commands)
+    assert len({row.target for row in linvit_commands.COMMANDS}) == len(LEAVES)
+
+
 @pytest.mark.parametrize("command", LEAVES, ids=" ".join)
-def test_every_command_builds_a_config_that_takes_all_its_flags(command, monkeypatch):
-    leaf = PARSER.commands[command]
-    config_class = _config_class(command, monkeypatch)
-    assert config_class is not None, f"linvit {' '.join(command)} hands its handler the argparse Namespace"
+def test_every_command_builds_a_config_that_takes_all_its_flags(command):
+    leaf, row = PARSER.commands[command], _row(command)
+    from linvit.config import Config
+
+    config_class, run = linvit_cli.load_command(row)
+    assert callable(run) and issubclass(config_class, Config)
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     dests = _dests(leaf)
     assert dests - set(fields) == set(), f"flags the config drops: {sorted(dests - set(fields))}"
-    for name in set(fields) - dests:  # a field the command has no flag for (a spec shared with training)
-        assert _field_default(fields[name]) is not dataclasses.MISSING, f"{name}: no flag and no default"
     config_class()  # every field has a default: a run folder written before a field existed still loads
+    for spec in linvit_cli._flags(row):
+        assert "default" not in spec.kwargs, f"{spec.names[0]}: a default of its own (the config's is the one)"
+    defaults = linvit_cli.command_defaults(row)
     for action in _visible(leaf):
-        if _required(leaf, action):
-            continue
-        default = leaf._defaults.get(action.dest, action.default)
-        if action.dest == "model_kwargs":
-            default = linvit_cli._parse_kwargs(default)
-        assert _field_default(fields[action.dest]) == default, f"{action.dest}: config and flag defaults differ"
+        assert action.default is argparse.SUPPRESS, action.dest
+        if not _required(leaf, action):
+            assert defaults[action.dest] == _field_default(fields[action.dest]), action.dest
+
+
+def test_a_parse_gives_the_config_defaults_and_help_imports_no_torch():
+    """What the command line leaves out is the config's default (one place), filled in only once a command
+    runs: --help and a bad flag stop before, so they never import torch."""
+    import subprocess
+    import sys
+
+    from linvit.segment.engine import SegmentConfig
+
+    args = linvit_cli.parse_args(["segment", "train", "--data", "d", "--model", "m", "--output", "o"])
+    config = SegmentConfig.from_mapping(vars(linvit_cli._prepare(args, args.func.row)))
+    assert config == SegmentConfig(data="d", model="m", output="o")
+    assert args.crop_size == SegmentConfig().crop_size and args.batch_size == SegmentConfig().batch_size
+    code = (
+        "import sys, contextlib, io, linvit_cli\n"
+        "for argv in (['--help'], ['train', '--help'], ['segment', 'eval', '--help'], ['train', '--bogus']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try: linvit_cli.main(argv)\n"
+        "        except SystemExit: pass\n"
+        "print(sorted(m for m in ('torch', 'timm', 'linvit') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.parametrize("command", LEAVES, ids=" ".join)
@@ -149,3 +160,19 @@ def test_the_convert_and_mixer_choices_are_linvit_convert_forms():
 
     assert linvit_cli.BUILTIN_FORMS == FORMS and tuple(linvit_cli.CONVERT_VARIANTS) == FORMS
     assert linvit_cli.BUILTIN_DIT_MIXERS == dit_mixers() == tuple(linvit_cli.DIT_MIXERS)
+
+
+def test_the_library_keeps_no_argument_parser():
+    """argparse stops at linvit_cli (issue 47): runners of library code live in scripts/ or in the command table."""
+    import ast
+    from pathlib import Path
+
+    root = Path(linvit_cli.__file__).parent / "linvit"
+    importers = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            if "argparse" in names:
+                importers.append(str(path.relative_to(root)))
+    assert importers == []
