@@ -523,6 +523,12 @@ COMMANDS = (
         ),
         flag("--transfer-epochs", type=POSITIVE, help="epochs of attention transfer"),
         flag("--transfer-lr", type=float, help="learning rate of attention transfer"),
+        flag(
+            "--transfer-loss",
+            choices=("mse", "xent", "mse+xent"),
+            help="attention transfer's loss: each layer's relative output MSE, Hedgehog's attention-weight "
+            "cross-entropy (the learned :hedgehog maps alone) or both (docs/distill.md)",
+        ),
         flag("--lora-rank", type=NON_NEGATIVE, help="end to end: LoRA of this rank (0: every weight)"),
         flag("--temperature", type=float, help="softening of both models' logits"),
         flag("--hard-weight", type=float, help="share of the label loss (0: the teacher only)"),

@@ -162,6 +162,13 @@ def test_the_convert_and_mixer_choices_are_linvit_convert_forms():
     assert linvit_cli.BUILTIN_DIT_MIXERS == dit_mixers() == tuple(linvit_cli.DIT_MIXERS)
 
 
+def test_distill_transfer_losses_are_the_librarys():
+    from linvit.distillation.attention_weights import TRANSFER_LOSSES
+
+    distill = PARSER.commands[("distill",)]
+    assert next(a.choices for a in distill._actions if a.dest == "transfer_loss") == TRANSFER_LOSSES
+
+
 def test_the_library_keeps_no_argument_parser():
     """argparse stops at linvit_cli (issue 47): runners of library code live in scripts/ or in the command table."""
     import ast
