@@ -168,7 +168,7 @@ def _forget_cache(module: nn.Module, args, output) -> None:
     module._linvit_cache = module._linvit_katz_slot = None  # the state lives on the cache, not on the layer
 
 
-def _repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+def repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
     """Grouped-query attention: each key/value head serves heads / kv_heads query heads."""
     if t.shape[1] == heads:
         return t
@@ -199,7 +199,7 @@ def pure_infsa_attention(module, query, key, value, attention_mask, scaling=None
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     heads, q_len, kv_len = query.shape[1], query.shape[2], key.shape[2]
-    key, value = _repeat_heads(key, heads), _repeat_heads(value, heads)
+    key, value = repeat_heads(key, heads), repeat_heads(value, heads)
     d = query.shape[-1]
     scores = torch.relu_((query * (1.0 / d)) @ key.transpose(-2, -1))  # InfSA's q k^T / d, not softmax's scaling
     mask = _keep_mask(attention_mask, module, q_len, kv_len, query.device)

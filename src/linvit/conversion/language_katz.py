@@ -26,7 +26,7 @@ from ..ops.common import accumulation_dtype
 from ..ops.katz_causal import FEATURES, CausalKatzState, causal_katz_chunked, causal_katz_recurrent
 from ..ops.linear_causal import causal_linear_chunked, causal_linear_recurrent
 from ..ops.window_causal import window_causal_chunked, window_causal_recurrent
-from .language import _repeat_heads
+from .language import repeat_heads
 
 ATTENTION_NAME = "linvit_katz_infsa"
 LINEAR_ATTENTION_NAME = "linvit_linear_attention"
@@ -232,7 +232,7 @@ def _stateful_attention(module, query, key, value, attention_mask, dropout, kwar
     slot = getattr(module, "_linvit_katz_slot", None)
     if key.shape[2] != q_len:
         raise UsageError("causal Katz-InfSA got cached keys: its cache keeps a state, not keys (use a DynamicCache)")
-    key, value = _repeat_heads(key, heads), _repeat_heads(value, heads)
+    key, value = repeat_heads(key, heads), repeat_heads(value, heads)
     window = getattr(module, "infsa_window", None)
     if window is not None:
         forms = _window_forms(module, window, scaling, query, key)

@@ -236,10 +236,10 @@ class _LanguageLayer:
             delattr(self.teacher, TAP), delattr(self.student, TAP)
 
     def _teacher(self, query, key, scaling) -> None:
-        from ..conversion.language import _repeat_heads
+        from ..conversion.language import repeat_heads
 
         r = self.record
-        r.teacher_q, r.teacher_k = query.detach(), _repeat_heads(key.detach(), query.shape[1])
+        r.teacher_q, r.teacher_k = query.detach(), repeat_heads(key.detach(), query.shape[1])
         r.teacher_scale = scaling if scaling is not None else query.shape[-1] ** -0.5
 
     def _student(self, query, key, fq, fk, kernel: str, scaling, window) -> None:
