@@ -50,3 +50,17 @@ def test_eval_loader_gives_each_rank_a_disjoint_shard_in_order():
         [i for batch in eval_loader(list(range(7)), 2, 0, rank, 3, collate_fn=list) for i in batch] for rank in range(3)
     ]
     assert shards == [[0, 3, 6], [1, 4], [2, 5]]
+
+
+def test_forward_takes_as_many_inputs_as_the_model():
+    """The diffusion loss calls the model as model(noisy, t, labels): forward passes every input on."""
+
+    class Add(nn.Module):
+        def forward(self, a, b):
+            return a + b
+
+    class Pairs(Mean):
+        def update(self, forward, batch) -> None:
+            super().update(lambda pair: forward(*pair), batch)
+
+    assert run_evaluation(Add(), [(torch.ones(2), torch.full((2,), 2.0))], Pairs(), torch.device("cpu")) == 3.0

@@ -19,7 +19,7 @@ from ..config import TrainConfig
 from ..data.digit_tasks import digits_split, is_digits_spec
 from ..data.splits import open_split
 from ..distributed import all_reduce_sum
-from ..engine import Parts, Run, Task, fit
+from ..engine import Metric, Parts, Run, Task, fit, run_evaluation
 from ..errors import UsageError
 from ..models import create_dit
 from ..utils.runtime import autocast
@@ -92,20 +92,25 @@ def build_generator(config: GenerateConfig, channels: int, num_classes: int, siz
     )
 
 
-@torch.no_grad()
-def validation_loss(model, loader, schedule, device, seed: int, codec: LatentCodec | None = None) -> float:
-    """The DDPM loss on the validation images (their latents with a VAE) with fixed timesteps and noise."""
-    model.eval()
-    gen = torch.Generator(device=device).manual_seed(seed)
-    total, count = 0.0, 0
-    for images, labels in loader:
-        images, labels = images.to(device), labels.to(device)
-        if codec is not None:
-            images = codec.encode(images, gen)
-        total += float(ddpm_loss(model, images, labels, schedule, gen)) * len(images)
-        count += len(images)
-    total, count = all_reduce_sum([total, count], device)
-    return total / max(count, 1)
+class DiffusionLoss(Metric):
+    """The DDPM loss on the validation images (their latents with a VAE), with timesteps and noise drawn from
+    the run's seed, so every epoch scores the same noisy images."""
+
+    def __init__(self, schedule, device, seed: int, codec: LatentCodec | None = None) -> None:
+        self.schedule, self.device, self.codec = schedule, device, codec
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.total, self.count = 0.0, 0
+
+    def update(self, forward, batch) -> None:
+        images, labels = (t.to(self.device) for t in batch)
+        if self.codec is not None:
+            images = self.codec.encode(images, self.generator)
+        self.total += float(ddpm_loss(forward, images, labels, self.schedule, self.generator)) * len(images)
+        self.count += len(images)
+
+    def result(self) -> float:
+        total, count = all_reduce_sum([self.total, self.count], self.device)
+        return total / max(count, 1)
 
 
 class Generation(Task):
@@ -137,10 +142,8 @@ class Generation(Task):
             return ddpm_loss(run.train_net, images, labels, self.schedule), len(images)
 
     def evaluate(self, run: Run, epoch: int) -> dict:
-        loss = validation_loss(
-            run.ema.module, run.parts.val_loader, self.schedule, run.device, run.config.seed, self.codec
-        )
-        return {"val_loss": loss}
+        metric = DiffusionLoss(self.schedule, run.device, run.config.seed, self.codec)
+        return {"val_loss": run_evaluation(run.ema.module, run.parts.val_loader, metric, run.device)}
 
     def run_info(self, run: Run) -> dict:
         config, train_set = run.config, run.parts.train_set
