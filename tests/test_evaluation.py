@@ -64,3 +64,17 @@ def test_forward_takes_as_many_inputs_as_the_model():
             super().update(lambda pair: forward(*pair), batch)
 
     assert run_evaluation(Add(), [(torch.ones(2), torch.full((2,), 2.0))], Pairs(), torch.device("cpu")) == 3.0
+
+
+def test_forward_passes_keyword_options_on():
+    """Distillation's language metric calls model(input_ids=..., use_cache=False), a Hugging Face model's way."""
+
+    class Scaled(nn.Module):
+        def forward(self, input_ids, scale=1.0):
+            return input_ids * scale
+
+    class Keywords(Mean):
+        def update(self, forward, batch) -> None:
+            super().update(lambda ids: forward(input_ids=ids, scale=3.0), batch)
+
+    assert run_evaluation(Scaled(), [torch.ones(2)], Keywords(), torch.device("cpu")) == 3.0

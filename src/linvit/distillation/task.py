@@ -28,7 +28,7 @@ from ..conversion.core import canonical_form
 from ..data import collate_images
 from ..data.splits import open_split
 from ..distributed import all_reduce_sum, barrier, distributed_session
-from ..engine import Parts, Run, Task, eval_loader, fit
+from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
 from ..engine.sharding import is_sharded
 from ..errors import UsageError
 from ..mixers import conversion_forms, get_mixer
@@ -324,20 +324,30 @@ def _image_numbers(model: nn.Module, run: Run) -> dict:
     return {"val_top1": val["top1"], "val_loss": val["loss"]}
 
 
-@torch.no_grad()
 def _text_numbers(model: nn.Module, run: Run) -> dict:
-    """Mean next-token cross-entropy (nats per token) over the validation windows, summed across ranks."""
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=run.device)
-    count = 0
-    for batch in run.parts.val_loader:
-        batch = batch.to(run.device)
-        with autocast(run.device, run.config.amp):
-            logits = logits_of(model(input_ids=batch[:, :-1], use_cache=False))
-        total += F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="sum").double()
-        count += batch[:, 1:].numel()
-    loss, count = all_reduce_sum([total.item(), count], run.device)
-    return {"val_loss": loss / max(count, 1)}
+    return {
+        "val_loss": run_evaluation(model, run.parts.val_loader, NextTokenLoss(run.device), run.device, run.config.amp)
+    }
+
+
+class NextTokenLoss(Metric):
+    """Mean next-token cross-entropy (nats per token) over the validation windows, summed across ranks; the
+    cache off, as a window is scored whole."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.total = torch.zeros((), dtype=torch.float64, device=device)
+        self.count = 0
+
+    def update(self, forward, batch) -> None:
+        batch = batch.to(self.device)
+        logits = logits_of(forward(input_ids=batch[:, :-1], use_cache=False))
+        self.total += F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="sum").double()
+        self.count += batch[:, 1:].numel()
+
+    def result(self) -> float:
+        loss, count = all_reduce_sum([self.total.item(), self.count], self.device)
+        return loss / max(count, 1)
 
 
 def stage_configs(config: DistillConfig) -> list[tuple[str, DistillConfig]]:

@@ -1,7 +1,8 @@
 """`run_evaluation(model, loader, metric)`: the one evaluation loop. A Metric says what a task measures (what
 each batch adds, and the numbers at the end, reduced over ranks); the loop owns everything around it (eval
 mode, no gradients, autocast, the progress bar), as fit() does for a Task. Classification, segmentation,
-detection and generation evaluate through it, in training (Task.evaluate) and in their eval commands alike.
+detection, generation and distillation (image and language teachers) evaluate through it, in training
+(Task.evaluate) and in their eval commands alike.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ class Metric:
     """What one task's evaluation supplies to run_evaluation; it keeps its sums on its own device."""
 
     def update(self, forward: Callable, batch) -> None:
-        """Add one batch of the loader; forward(*inputs) is the model under the run's autocast. Moving the
-        batch to the device is the metric's: only it knows the batch's layout."""
+        """Add one batch of the loader; forward(*inputs, **options) is the model under the run's autocast.
+        Moving the batch to the device is the metric's: only it knows the batch's layout."""
         raise NotImplementedError
 
     def result(self):
@@ -43,9 +44,9 @@ def run_evaluation(
     """metric.result() after every batch of the loader went through metric.update, the model in eval mode."""
     model.eval()
 
-    def forward(*inputs):
+    def forward(*inputs, **options):
         with autocast(device, amp):
-            return model(*inputs)
+            return model(*inputs, **options)
 
     for batch in tqdm(loader, desc=desc, leave=False, disable=not progress):
         metric.update(forward, batch)
