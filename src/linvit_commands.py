@@ -674,7 +674,7 @@ COMMANDS = (
     command(
         "segment predict",
         "class maps and colour overlays of your own images",
-        "linvit.dense_inference:SegmentPredictConfig:run_segment_predict",
+        "linvit.prediction.dense:SegmentPredictConfig:run_segment_predict",
         dense_predict("segs.jsonl: one JSON line per image (path, size, share of pixels per class)"),
         resize("resize the shorter side to PX (default: the run's)"),
     ),
@@ -701,14 +701,14 @@ COMMANDS = (
     command(
         "detect predict",
         "boxes, labels and scores (masks for Mask R-CNN) on your own images",
-        "linvit.dense_inference:DetectPredictConfig:run_detect_predict",
+        "linvit.prediction.dense:DetectPredictConfig:run_detect_predict",
         dense_predict("dets.jsonl: one JSON line per image (path, size, boxes, labels, scores)"),
         flag("--score-thresh", type=float, help="keep detections scoring at least this"),
     ),
     command(
         "predict",
         "top-k classes of your own images (files, folders, globs) at any size",
-        "linvit.inference:PredictConfig:run_predict",
+        "linvit.prediction.classify:PredictConfig:run_predict",
         IMAGES,
         model("model name (any timm form, :variant); without it --checkpoint is a run folder", required=False),
         checkpoint("a run folder, or weights for --model (.pth / .safetensors)"),

@@ -14,7 +14,7 @@ from PIL import Image
 import linvit
 from linvit.cli import main as cli_main
 from linvit.data.cluttered_mnist import build_cluttered_mnist, build_detection_set
-from linvit.inference import read_rgb
+from linvit.data.images import read_rgb
 
 PHOTO = Path(sklearn.datasets.__file__).parent / "images" / "flower.jpg"  # 640 x 427
 BACKBONE = ["--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "patch_size=8", "depth=1"]
@@ -90,7 +90,7 @@ def test_segment_predict_class_maps_line_up_with_the_picture(segment_run, pictur
     assert classes.shape == (427, 640) and Image.open(drawn / "flower.png").size == (640, 427)
     assert sum(rows["flower.png"]["classes"].values()) == pytest.approx(1, abs=1e-3)
     model = linvit.load_run(segment_run)
-    from linvit.segment.predict import segment
+    from linvit.prediction.segment import segment
 
     expected = segment(model, read_rgb(pictures / "flower.png"), torch.device("cpu"), 32)  # the run's --img-size
     np.testing.assert_array_equal(classes, expected.numpy())

@@ -38,9 +38,9 @@ TIERS = {
     "generate": 5,
     "distillation": 5,
     "runs": 6,
-    "inference": 6,
+    "prediction": 6,
+    "inference": 6,  # the deprecated name of prediction, re-exporting it
     "demo": 6,
-    "dense_inference": 6,
     "reproduce": 6,
     "cli": 7,
     "__main__": 7,

@@ -14,7 +14,8 @@ from PIL import Image
 
 import linvit
 from linvit.cli import main as cli_main
-from linvit.inference import find_images, native_size, read_rgb
+from linvit.data.images import find_images, read_rgb
+from linvit.prediction.classify import native_size
 
 PHOTOS = Path(sklearn.datasets.__file__).parent / "images"  # china.jpg, flower.jpg (640 x 427)
 
@@ -169,7 +170,7 @@ def test_predict_maps_are_overlays_at_the_original_size(tmp_path):
 
 def test_predict_maps_match_importance_maps(tmp_path, model):
     from linvit.explain.maps import importance_maps
-    from linvit.inference import MapWriter
+    from linvit.prediction.classify import MapWriter
 
     picture = read_rgb(PHOTOS / "flower.jpg")
     tensor = linvit.load_image(PHOTOS / "flower.jpg", model, native=True)
@@ -248,11 +249,11 @@ def test_predict_seconds_are_each_pictures_own(tmp_path, monkeypatch):
     not the batch's mean. A fake clock: reading a.png takes 1 s, b.png 3 s, a forward 4 s, a map 0.5 s."""
     import types
 
-    import linvit.inference as inference
+    import linvit.prediction.classify as classify
 
     clock = [0.0]
-    monkeypatch.setattr(inference, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    real_read, real_predict, real_write = inference.read_rgb, inference.predict, inference.MapWriter.write
+    monkeypatch.setattr(classify, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    real_read, real_predict, real_write = classify.read_rgb, classify.predict, classify.MapWriter.write
 
     def read(path, *args):
         clock[0] += {"a.png": 1.0, "b.png": 3.0}[Path(path).name]
@@ -266,9 +267,9 @@ def test_predict_seconds_are_each_pictures_own(tmp_path, monkeypatch):
         clock[0] += 0.5
         return real_write(self, *args)
 
-    monkeypatch.setattr(inference, "read_rgb", read)
-    monkeypatch.setattr(inference, "predict", predict)
-    monkeypatch.setattr(inference.MapWriter, "write", write)
+    monkeypatch.setattr(classify, "read_rgb", read)
+    monkeypatch.setattr(classify, "predict", predict)
+    monkeypatch.setattr(classify.MapWriter, "write", write)
     for name in ("a.png", "b.png"):
         Image.new("RGB", (32, 32), (200, 30, 60)).save(tmp_path / name)
     out = tmp_path / "preds.jsonl"
@@ -277,3 +278,17 @@ def test_predict_seconds_are_each_pictures_own(tmp_path, monkeypatch):
     assert cli_main([*argv, "--no-progress"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["seconds"] for r in rows] == [1 + 2 + 0.5, 3 + 2 + 0.5]
+
+
+def test_the_old_documented_path_still_finds_images(monkeypatch):
+    """README once showed linvit.inference.find_images (before prediction became one package): after
+    `import linvit` it still works, with a DeprecationWarning naming the new home."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "linvit.inference", raising=False)
+    if "inference" in vars(linvit):  # hasattr would import it through linvit.__getattr__
+        monkeypatch.delattr(linvit, "inference")
+    with pytest.warns(DeprecationWarning, match="linvit.prediction"):
+        old = linvit.inference
+    assert old.find_images is linvit.prediction.find_images is find_images
+    assert old.predict is linvit.predict and old.load_image is linvit.load_image

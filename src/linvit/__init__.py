@@ -14,9 +14,9 @@ from timm import list_models as _timm_list_models
 
 from . import layers, models, ops
 from .conversion import convert, convert_report
-from .inference import load_image, predict
 from .mixers import get_mixer, list_mixers, register_mixer, registered_mixer, unregister_mixer
 from .models.variants import create_model
+from .prediction import load_image, predict
 from .runs import load_run
 
 __version__ = "0.1.0"
@@ -58,11 +58,15 @@ __all__ = [
 
 def __getattr__(name: str):
     """``linvit.explain`` and ``linvit.distill`` without importing them (and matplotlib, scikit-learn, the
-    trainer) on ``import linvit``."""
+    trainer) on ``import linvit``; ``linvit.inference``, the deprecated name of linvit.prediction."""
     if name == "explain":
         import importlib
 
         return importlib.import_module(".explain", __name__)
+    if name == "inference":  # linvit.inference.find_images, as the docs once showed: linvit.prediction now
+        import importlib
+
+        return importlib.import_module(".inference", __name__)
     if name == "distill":  # the training machinery loads only when distilling
         from .distillation import distill
 

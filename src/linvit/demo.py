@@ -21,7 +21,7 @@ from .data.images import read_rgb
 from .errors import UsageError
 from .explain.maps import METHODS, importance_maps
 from .explain.overlay import overlay, seen_box
-from .inference import predict, prepare_image
+from .prediction import predict, prepare_image
 
 AUTO = "model's own"
 

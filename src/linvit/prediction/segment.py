@@ -16,8 +16,8 @@ from PIL import Image
 from torchvision.transforms import functional as TF
 from torchvision.utils import draw_segmentation_masks
 
+from ..segment.data import EvalTransform, upsample_logits
 from ..utils.runtime import autocast
-from .data import EvalTransform, upsample_logits
 
 
 @torch.no_grad()

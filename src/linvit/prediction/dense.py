@@ -1,8 +1,8 @@
 """`linvit detect predict` and `linvit segment predict`: a finished detection or segmentation run on your own
 pictures (files, folders, globs; read as ``linvit predict`` reads them), drawn at each picture's own size.
 
-The drawing and per-picture work lives with each task (linvit.detect.predict, linvit.segment.predict); this
-module holds the commands: load the run, walk the pictures with a progress bar, print, write JSON lines.
+The per-picture work and its drawing are detect.py's and segment.py's beside it; this module holds the two
+commands: load the run, walk the pictures with a progress bar, print, write JSON lines (output.py).
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from torchvision.models.detection import RetinaNet
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 from tqdm import tqdm
 
-from .config import Config
-from .data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
-from .detect.predict import as_record, detect, draw
-from .distributed import resolve_device
-from .errors import UsageError
-from .inference import OutputPaths, check_out_file, write_jsonl
-from .runs import load_run
-from .segment.model import Segmenter
-from .segment.predict import class_shares, colour_overlay, save_class_map, segment
-from .weights import read_run_config
+from ..config import Config
+from ..data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
+from ..distributed import resolve_device
+from ..errors import UsageError
+from ..runs import load_run
+from ..segment.model import Segmenter
+from ..weights import read_run_config
+from .detect import as_record, detect, draw
+from .output import OutputPaths, check_out_file, write_jsonl
+from .segment import class_shares, colour_overlay, save_class_map, segment
 
 
 @dataclasses.dataclass
