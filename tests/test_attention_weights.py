@@ -239,6 +239,35 @@ def test_vision_transfer_with_the_weight_loss_runs_and_is_stored(tmp_path):
         run_distill(config.replace(transfer_loss="mse", transfer_epochs=3, resume="auto"))
 
 
+def test_a_run_from_before_the_option_resumes_as_the_mse_it_ran(tmp_path):
+    """A checkpoint whose args have no transfer_loss (written before the option) ran with MSE: resuming it with
+    another loss is refused in one line, with MSE it continues."""
+    from linvit.data import build_cluttered_mnist
+
+    build_cluttered_mnist(tmp_path / "d", canvas=32, per_class_train=2, per_class_val=1, clutter=1, progress=False)
+    config = DistillConfig(
+        teacher="vit_4l_patch16_224",
+        model_kwargs=TINY_VIT,
+        data=str(tmp_path / "d"),
+        output=str(tmp_path / "run"),
+        mixer="linear_attention:hedgehog",
+        stages="attention",
+        transfer_epochs=1,
+        img_size=[32],
+        **RUNTIME,
+    )
+    run_distill(config)
+    last = tmp_path / "run" / "last.pth"
+    checkpoint = torch.load(last, weights_only=False)
+    del checkpoint["args"]["transfer_loss"]
+    torch.save(checkpoint, last)
+    with pytest.raises(UsageError, match="transfer.loss mse -> mse.xent"):
+        run_distill(config.replace(transfer_loss="mse+xent", transfer_epochs=2, resume="auto"))
+    run_distill(config.replace(transfer_epochs=2, resume="auto"))
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["epoch"] for r in rows] == [0, 1]
+
+
 def test_language_transfer_with_the_weight_loss_lowers_it(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import yaml
 
+from linvit.distillation import DistillConfig, run_distill
 from linvit.distillation.recipe import LM_WINDOW, chosen_stages, chosen_window
 from linvit.distillation.teacher import causal_language_teacher
 from linvit.errors import UsageError
@@ -81,3 +82,21 @@ def test_a_language_run_with_no_recipe_flags_gets_the_window_and_transfer_only(t
     student = linvit.load_run(tmp_path / "none")
     converted = [m for m in student.modules() if hasattr(m, "infsa_window")]
     assert converted and all(m.infsa_window is None for m in converted)
+
+
+@pytest.mark.parametrize(
+    "mixer, loss, match",
+    [
+        ("katz_infsa:hedgehog", "mse", "learned feature maps"),
+        ("linear_attention:hedgehog", "mse", "learned feature maps"),
+        ("katz_infsa", "mse+xent", "language teachers only"),
+    ],
+)
+def test_fsdp_refuses_in_one_line_what_it_cannot_train_yet(tmp_path, mixer, loss, match):
+    config = DistillConfig(
+        teacher="vit_4l_patch16_224", data="digits:digit", output=str(tmp_path / "run"), mixer=mixer,
+        transfer_loss=loss, strategy="fsdp", device="cpu",
+    )  # fmt: skip
+    with pytest.raises(UsageError, match=match):
+        run_distill(config)
+    assert not (tmp_path / "run").exists()

@@ -13,7 +13,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
@@ -23,6 +23,10 @@ C = TypeVar("C", bound="Config")
 @dataclasses.dataclass
 class Config:
     """Base of every command's configuration."""
+
+    # fields added after run folders were written, -> the value (as stored) a run without them ran with, so
+    # resuming such a run compares like with like (engine.resume)
+    ABSENT_MEANS: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def field_names(cls) -> frozenset[str]:

@@ -18,6 +18,7 @@ import re
 import sys
 from contextlib import nullcontext
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -31,6 +32,7 @@ from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
 from ..engine.sharding import is_sharded
 from ..errors import UsageError
+from ..layers.feature_maps import LEARNED_FEATURE_MAPS
 from ..mixers import conversion_forms, get_mixer
 from ..train import evaluate_classification
 from ..utils.artifacts import WEIGHTS
@@ -65,6 +67,8 @@ def default_gamma(mixer: str) -> float:
 @dataclasses.dataclass
 class DistillConfig(TrainConfig):
     """`linvit distill`: the teacher, the student's mixer, the two stages' lengths and the losses' weights."""
+
+    ABSENT_MEANS: ClassVar[dict[str, str]] = {"transfer_loss": "mse"}  # runs from before the option
 
     teacher: str | None = None
     teacher_file: str | None = None
@@ -386,6 +390,7 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     same teacher configuration, and one that cannot read it stops), and a line saying what was chosen, if anything.
     The run stores the choice (None for no window, as runs before the default stored it)."""
     language = causal_language_teacher(config.teacher)
+    check_sharded_student(config, language)
     window = chosen_window(config.window, config.mixer, language)
     stages = chosen_stages(config.stages, window if language else None)  # transfer only: measured on LMs only
     chosen = []
@@ -397,6 +402,22 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     if not chosen:
         return config, None
     return config, f"linvit distill: a causal language model teacher: {' '.join(chosen)} (docs/distill.md, Defaults)"
+
+
+def check_sharded_student(config: DistillConfig, language: bool) -> None:
+    """A one-line refusal for what --strategy fsdp cannot train yet (every rank reads the same config): learned
+    feature maps (their backward under FSDP2 reads a freed parameter, "setStorage ... out of bounds") and the
+    attention-weight loss of an image student (it reads the student's projections after the forward, when
+    they are sharded again)."""
+    if config.strategy != "fsdp":
+        return
+    if canonical_form(config.mixer).partition(":")[2] in LEARNED_FEATURE_MAPS:
+        raise UsageError(
+            f"--strategy fsdp cannot train the learned feature maps of --mixer {config.mixer} yet; "
+            "use --strategy ddp, or a fixed map (e.g. --mixer katz_infsa)"
+        )
+    if config.transfer_loss != "mse" and not language:
+        raise UsageError(f"--strategy fsdp takes --transfer-loss {config.transfer_loss} for language teachers only")
 
 
 def run_distill(config: DistillConfig) -> nn.Module:

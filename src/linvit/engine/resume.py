@@ -172,7 +172,7 @@ def resume_run(run, unused: frozenset[str] = frozenset()) -> tuple[int, list[dic
         return 0, []
     path, epoch, is_sharded = choice
     ckpt = on_every_rank(lambda: read_agreed(path, epoch, is_sharded, run.rank))
-    saved = ckpt.get("args") or {}
+    saved = {**run.config.ABSENT_MEANS, **(ckpt.get("args") or {})}
     kept_global, world_line = world_change(saved, ckpt.get("world"), run.config.batch_size, run.world)
     new_schedule = check_plan(path, saved, run.config.to_dict(), unused | kept_global)
     load_weights(run, path, ckpt, is_sharded)
