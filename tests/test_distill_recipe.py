@@ -87,7 +87,6 @@ def test_a_language_run_with_no_recipe_flags_gets_the_window_and_transfer_only(t
 @pytest.mark.parametrize(
     "mixer, loss, match",
     [
-        ("katz_infsa:hedgehog", "mse", "learned feature maps"),
         ("linear_attention:hedgehog", "mse", "learned feature maps"),
         ("katz_infsa", "mse+xent", "language teachers only"),
     ],

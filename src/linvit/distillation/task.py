@@ -406,15 +406,18 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
 
 def check_sharded_student(config: DistillConfig, language: bool) -> None:
     """A one-line refusal for what --strategy fsdp cannot train yet (every rank reads the same config): learned
-    feature maps (their backward under FSDP2 reads a freed parameter, "setStorage ... out of bounds") and the
-    attention-weight loss of an image student (it reads the student's projections after the forward, when
-    they are sharded again)."""
+    feature maps in linear attention and in language students (their backward under FSDP2 reads a freed
+    parameter, "setStorage ... out of bounds"; an image Katz-InfSA student with them trains, tests/
+    test_distributed.py), and the attention-weight loss of an image student (it reads the student's projections
+    after the forward, when they are sharded again)."""
     if config.strategy != "fsdp":
         return
-    if canonical_form(config.mixer).partition(":")[2] in LEARNED_FEATURE_MAPS:
+    form, _, option = canonical_form(config.mixer).partition(":")
+    if option in LEARNED_FEATURE_MAPS and (language or form == "linear_attention"):
         raise UsageError(
-            f"--strategy fsdp cannot train the learned feature maps of --mixer {config.mixer} yet; "
-            "use --strategy ddp, or a fixed map (e.g. --mixer katz_infsa)"
+            f"--strategy fsdp cannot train the learned feature maps of --mixer {config.mixer} "
+            f"{'for a language teacher ' if language else ''}yet; use --strategy ddp"
+            + ("" if language else ", or --mixer katz_infsa:hedgehog")
         )
     if config.transfer_loss != "mse" and not language:
         raise UsageError(f"--strategy fsdp takes --transfer-loss {config.transfer_loss} for language teachers only")
