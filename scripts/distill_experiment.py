@@ -56,10 +56,14 @@ BEGIN, END = "<!-- distill:begin -->", "<!-- distill:end -->"
 # Linear-InfSA keeps the first recipe: attention transfer alone keeps half of its teacher (49.7% at 58 steps)
 GAMMA_FOLDERS = {0.5: "distill", 0.9: "distill_gamma0.9"}
 TRANSFER_HEAVY = "distill_transfer"
-# issue 44's why-not evidence (scripts/katz_gap.py): Katz's hops >= 2 carry a third of its weight at the first
-# discount 0.5, where a softmax teacher has one hop; the learned-map Katz student again from discount 0.1
-LOW_GAMMA, LOW_GAMMA_FOLDER = 0.1, "distill_transfer_gamma0.1"
-LOW_GAMMA_MIXERS = ("katz_infsa:hedgehog",)
+# the learned-map Katz student on Katz's recipe with one change each (folder -> method, added flags): from first
+# discount 0.1 (issue 44's why-not evidence, scripts/katz_gap.py: Katz's hops >= 2 carry a third of its weight at
+# 0.5, where a softmax teacher has one hop), and with Hedgehog's attention-weight loss beside the output MSE
+VARIANTS = {
+    "distill_transfer_gamma0.1": ("distill, gamma_init 0.1", ["--gamma-init", "0.1"]),
+    "distill_transfer_xent": ("distill, mse+xent", ["--transfer-loss", "mse+xent"]),
+}
+VARIANT_MIXERS = ("katz_infsa:hedgehog",)
 # issue 44: students with Hedgehog's learned feature maps, Katz-InfSA's and the anchor form's, ViT-AdaLA's plain
 # linear attention ("adala"), on Katz's recipe (distill rows only)
 LEARNED = ("katz_infsa:hedgehog", "linear_attention:hedgehog")
@@ -87,8 +91,8 @@ LANGUAGE_PARTS = {128: "language", 512: "language512"}  # context -> the part's 
 def methods(mixer: str) -> dict[str, str]:
     """method -> its runs' folder under the vision part (OUT/vision, OUT/vision_max), for one student mixer."""
     if mixer in LEARNED:
-        low = {f"distill, gamma_init {LOW_GAMMA}": LOW_GAMMA_FOLDER} if mixer in LOW_GAMMA_MIXERS else {}
-        return {"distill": TRANSFER_HEAVY, **low}
+        variants = {method: folder for folder, (method, _) in VARIANTS.items()} if mixer in VARIANT_MIXERS else {}
+        return {"distill": TRANSFER_HEAVY, **variants}
     chosen = default_gamma(mixer)
     other = next(g for g in GAMMA_FOLDERS if g != chosen)
     if mixer in TRANSFER_MIXERS:
@@ -130,8 +134,8 @@ def vision_stages(out: str, seeds: list[int], task_name: str = "digit", budgets=
         teachers = {seed: f"{part}/runs/{task.name}/softmax/s{seed}" for seed in seeds}
         for seed, teacher_run in teachers.items():
             chosen = [_distill_transfer_heavy(part, teacher_run, data, m, seed, budget) for m in TRANSFER_MIXERS]
-            for mixer in LOW_GAMMA_MIXERS:
-                chosen.append(_distill_transfer_heavy(part, teacher_run, data, mixer, seed, budget, LOW_GAMMA))
+            for mixer in VARIANT_MIXERS:
+                chosen += [_distill_transfer_heavy(part, teacher_run, data, mixer, seed, budget, v) for v in VARIANTS]
             chosen.append(
                 _distill(part, teacher_run, data, "linear_infsa", seed, budget, default_gamma("linear_infsa"))
             )
@@ -160,13 +164,13 @@ def _distill(part, teacher_run, data, mixer, seed, budget, gamma: float) -> Stag
     return _stage(f"{GAMMA_FOLDERS[gamma]}/{mixer}/b{budget:g}/s{seed}", part, argv, info)
 
 
-def _distill_transfer_heavy(part, teacher_run, data, mixer, seed, budget, gamma: float | None = None) -> Stage:
-    """Katz's recipe (2 epochs of attention transfer, 1 end to end); at `gamma` (LOW_GAMMA) in its own folder."""
+def _distill_transfer_heavy(part, teacher_run, data, mixer, seed, budget, variant: str | None = None) -> Stage:
+    """Katz's recipe (2 epochs of attention transfer, 1 end to end); a VARIANTS one in its own folder."""
     argv = ["distill", "--teacher", teacher_run, "--data", data, "--mixer", mixer, "--seed", str(seed)]
     argv += ["--transfer-epochs", "2", "--transfer-lr", "2e-3", "--epochs", "1", "--batch-size", "64"]
-    argv += [] if gamma is None else ["--gamma-init", str(gamma)]
+    argv += [] if variant is None else VARIANTS[variant][1]
     info = {"method": "distill", "mixer": mixer, "seed": seed, "budget": budget}
-    folder = TRANSFER_HEAVY if gamma is None else LOW_GAMMA_FOLDER
+    folder = variant or TRANSFER_HEAVY
     return _stage(f"{folder}/{mixer}/b{budget:g}/s{seed}", part, argv, info)
 
 
@@ -410,7 +414,7 @@ def main() -> None:
     p.add_argument("--budgets", type=float, nargs="+", choices=BUDGETS, default=[0.10, 0.05, 0.25], help="in order")
     p.add_argument("--out", default="runs/distill")
     p.add_argument("--threads", type=int, default=1)
-    stage_kinds = ["train", TRANSFER_HEAVY, LOW_GAMMA_FOLDER, *GAMMA_FOLDERS.values(), "finetune", "scratch"]
+    stage_kinds = ["train", TRANSFER_HEAVY, *VARIANTS, *GAMMA_FOLDERS.values(), "finetune", "scratch"]
     p.add_argument("--methods", nargs="+", choices=stage_kinds, default=stage_kinds, help="vision stages' folders")
     students = sorted(set(STUDENTS) | set(LANGUAGE_STUDENTS))
     p.add_argument("--students", nargs="+", choices=students, default=students, help="the students' mixers")
