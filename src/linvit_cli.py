@@ -312,6 +312,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"linvit {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # the Hugging Face Hub unreachable for --pretrained weights not in its cache
+        if type(err).__name__ != "LocalEntryNotFoundError" or args.debug:
+            raise
+        print(
+            f"linvit {args.command}: error: pretrained weights are not in the local cache and the Hugging Face Hub "
+            "cannot be reached; give a weights file (--pretrained-file, --checkpoint) or a run folder instead",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 

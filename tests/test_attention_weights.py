@@ -214,7 +214,8 @@ def test_the_weight_loss_alone_needs_a_learned_map_and_trains_only_it():
     DistillConfig(teacher="t", data="d", output="o", mixer="katz_infsa", transfer_loss="mse+xent")
 
 
-def test_vision_transfer_with_the_weight_loss_runs_and_is_stored(tmp_path):
+def vision_transfer(tmp_path, **changes) -> DistillConfig:
+    """Attention transfer alone into a tiny ViT's linear_attention:hedgehog student, on a tiny picture folder."""
     from linvit.data import build_cluttered_mnist
 
     build_cluttered_mnist(tmp_path / "d", canvas=32, per_class_train=2, per_class_val=1, clutter=1, progress=False)
@@ -225,12 +226,14 @@ def test_vision_transfer_with_the_weight_loss_runs_and_is_stored(tmp_path):
         output=str(tmp_path / "run"),
         mixer="linear_attention:hedgehog",
         stages="attention",
-        transfer_loss="mse+xent",
-        transfer_epochs=2,
-        transfer_lr=1e-2,
         img_size=[32],
         **RUNTIME,
     )
+    return config.replace(**changes)
+
+
+def test_vision_transfer_with_the_weight_loss_runs_and_is_stored(tmp_path):
+    config = vision_transfer(tmp_path, transfer_loss="mse+xent", transfer_epochs=2, transfer_lr=1e-2)
     run_distill(config)
     assert "transfer_loss: mse+xent" in (tmp_path / "run" / "args.yaml").read_text()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -242,20 +245,7 @@ def test_vision_transfer_with_the_weight_loss_runs_and_is_stored(tmp_path):
 def test_a_run_from_before_the_option_resumes_as_the_mse_it_ran(tmp_path):
     """A checkpoint whose args have no transfer_loss (written before the option) ran with MSE: resuming it with
     another loss is refused in one line, with MSE it continues."""
-    from linvit.data import build_cluttered_mnist
-
-    build_cluttered_mnist(tmp_path / "d", canvas=32, per_class_train=2, per_class_val=1, clutter=1, progress=False)
-    config = DistillConfig(
-        teacher="vit_4l_patch16_224",
-        model_kwargs=TINY_VIT,
-        data=str(tmp_path / "d"),
-        output=str(tmp_path / "run"),
-        mixer="linear_attention:hedgehog",
-        stages="attention",
-        transfer_epochs=1,
-        img_size=[32],
-        **RUNTIME,
-    )
+    config = vision_transfer(tmp_path, transfer_epochs=1)
     run_distill(config)
     last = tmp_path / "run" / "last.pth"
     checkpoint = torch.load(last, weights_only=False)

@@ -64,6 +64,14 @@ def test_resume_from_a_damaged_checkpoint_names_it(data, tmp_path, capsys):
     _fails_cleanly(_train(data, tmp_path, "--resume", "auto"), capsys, str(tmp_path / "last.pth"), "delete it")
 
 
+def test_a_second_run_into_a_run_folder_is_refused(data, tmp_path, capsys):
+    """Without --resume, a folder that holds a checkpoint is not written over (its model and metrics kept)."""
+    assert cli_main(_train(data, tmp_path / "run")) == 0
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    _fails_cleanly(_train(data, tmp_path / "run"), capsys, "already holds a run", "--resume auto")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+
+
 def test_output_paths_that_are_files(tmp_path, capsys):
     blocker = tmp_path / "taken.txt"
     blocker.write_text("x")
@@ -193,3 +201,19 @@ def test_ctrl_c_is_one_line_and_exit_130(data, tmp_path, monkeypatch, capsys):
     assert cli_main(_train(data, tmp_path)) == 130
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip() == "linvit train: interrupted"
+
+
+def test_unreachable_hub_for_pretrained_weights_is_one_line(tmp_path, monkeypatch, capsys):
+    """timm's download of --pretrained weights with no network and no cache: one line and exit 2, not the
+    Hub's traceback."""
+    errors = pytest.importorskip("huggingface_hub.errors")
+    import linvit.prediction.classify as classify
+
+    def offline(config):
+        raise errors.LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub")
+
+    monkeypatch.setattr(classify, "run_predict", offline)
+    (tmp_path / "a.png").write_bytes(b"")
+    assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "deit_tiny_patch16_224", "--pretrained"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Hugging Face Hub cannot be reached" in err[0]

@@ -36,10 +36,16 @@ REQUIRED = frozenset({"model", "optimizer", "scheduler", "epoch", "rng"})
 
 
 def find_resume(output: Path, resume: str | None, sharded_first: bool = False) -> Path | None:
-    """--resume auto: the newer by epoch of OUT/last.pth and OUT/last/ (fsdp's sharded folder), the strategy's
-    own kind on a tie (a run that changed --strategy leaves the other kind's older checkpoint beside its own),
-    or None; --resume PATH: that file or sharded folder (a missing one is a usage error)."""
+    """No --resume: None (a usage error when OUT already holds a checkpoint); --resume auto: the newer by epoch
+    of OUT/last.pth and OUT/last/ (fsdp's sharded folder), the strategy's own kind on a tie (a run that changed
+    --strategy leaves the other kind's older checkpoint beside its own), or None; --resume PATH: that file or
+    sharded folder (a missing one is a usage error)."""
     if not resume:
+        held = [p.name for p in _candidates(output) if _is_checkpoint(p)]
+        if held:  # a second run into the folder would overwrite the first one's model and mix their metrics
+            raise UsageError(
+                f"{output} already holds a run ({held[0]}): --resume auto continues it, or give another --output"
+            )
         return None
     if resume == "auto":
         found = [p for p in _candidates(output) if _is_checkpoint(p)]
