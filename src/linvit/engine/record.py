@@ -18,7 +18,8 @@ ARGS = "args.yaml"
 
 
 def write_run_config(output: Path, config: Config) -> None:
-    """OUT/args.yaml: the run's config; `linvit <command> --config OUT/args.yaml` reruns it."""
+    """OUT/args.yaml: the run's config; `linvit <command> --config OUT/args.yaml --output NEW` reruns it
+    (into OUT itself it is refused: OUT holds the run)."""
     atomic_write_text(config.to_yaml(), output / ARGS)
 
 

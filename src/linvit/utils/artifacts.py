@@ -135,7 +135,7 @@ license: mit
 - weights in model.safetensors: {info.get("weights", "model")}
 - recipe: {args.get("epochs")} epochs, batch {args.get("batch_size")} per process x {info.get("world_size", 1)}, \
 lr {info.get("lr", args.get("lr"))}, weight decay {args.get("weight_decay")}; the full arguments are in args.yaml
-  (`{command} --config args.yaml` reruns it)
+  (`{command} --config args.yaml --output NEW` reruns it)
 
 ## Final metrics (epoch {last.get("epoch")})
 
