@@ -115,6 +115,33 @@ def _count(minimum: int):
 POSITIVE, NON_NEGATIVE = _count(1), _count(0)
 
 
+def _real(low: float, high: float | None = None, *, open_low: bool = False, open_high: bool = False):
+    """argparse type: a number in [low, high] (an end excluded where open_*), so a rate or probability out of
+    range is one line here instead of torch's traceback (or none at all) once the run starts."""
+    left, right = "(" if open_low else "[", ")" if open_high or high is None else "]"
+    wanted = f"a number in {left}{low}, {'inf' if high is None else high}{right}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        too_low = value is None or value < low or (open_low and value == low)
+        too_high = value is not None and high is not None and (value > high or (open_high and value == high))
+        if too_low or too_high or value != value:  # NaN compares false to every bound
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+RATE = _real(0, open_low=True)  # learning rates, crop fractions
+NON_NEGATIVE_REAL = _real(0)  # schedule ends, mixup/cutmix alphas
+PROBABILITY = _real(0, 1)  # flips, random erasing
+BELOW_ONE = _real(0, 1, open_high=True)  # label smoothing, stochastic depth
+
+
 def _mixer(text: str) -> str:
     """argparse type of generate's --mixer: the old linear, pure, katz (with a note) -> linear_infsa, ..."""
     if text in ("linear", "pure", "katz"):
@@ -200,7 +227,7 @@ PROGRESS = flag("--progress", action=argparse.BooleanOptionalAction, help="a bar
 SEED = flag("--seed", type=int)
 JSON = flag("--json", help="also write the metrics to this JSON file")
 SPLITS = (flag("--train-split"), flag("--val-split"))
-HFLIP = flag("--hflip", type=float, help="horizontal-flip probability")
+HFLIP = flag("--hflip", type=PROBABILITY, help="horizontal-flip probability")
 COMPILE = flag(
     "--compile",
     choices=["off", "default", "reduce-overhead", "max-autotune"],
@@ -243,12 +270,12 @@ def fit(lr_help: str = "learning rate") -> Group:
     flags = (
         flag("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors"),
         flag("--epochs", type=POSITIVE),
-        flag("--lr", type=float, help=lr_help),
+        flag("--lr", type=RATE, help=lr_help),
         flag("--opt", help="timm optimizer name"),
         flag("--weight-decay", type=float),
         flag("--warmup-epochs", type=NON_NEGATIVE),
-        flag("--warmup-lr", type=float, help="warm-up start (default lr / 1000)"),
-        flag("--min-lr", type=float, help="cosine end (default lr / 100)"),
+        flag("--warmup-lr", type=NON_NEGATIVE_REAL, help="warm-up start (default lr / 1000)"),
+        flag("--min-lr", type=NON_NEGATIVE_REAL, help="cosine end (default lr / 100)"),
         flag("--clip-grad", type=float, help="max gradient norm"),
         SEED,
         flag("--resume", help="'auto' (OUT/last.pth or OUT/last/ if present) or a checkpoint"),
@@ -273,7 +300,7 @@ def image_data(model_required: bool = True) -> tuple:
         flag("--data", required=True, help="root of an ImageNet-layout folder (DIR/<split>/<class>/*)"),
         model(MODEL_HELP if model_required else MODEL_HELP + FROM_RUN, required=model_required),
         flag("--img-size", type=POSITIVE, help="input side (default: the model's)"),
-        flag("--crop-pct", type=float, help="eval centre-crop fraction (default: the model's)"),
+        flag("--crop-pct", type=RATE, help="eval centre-crop fraction (default: the model's)"),
         runtime(),
     )
 
@@ -288,7 +315,7 @@ def analysis() -> tuple:
         model(MODEL_HELP + "; without it --checkpoint is a run folder", required=False),
         checkpoint("a run folder, or weights for --model (.pth/.safetensors); default: random"),
         IMG_SIZE_HW.but(help="input side, or H W"),
-        flag("--crop-pct", type=float),
+        flag("--crop-pct", type=RATE),
         flag("--limit", type=POSITIVE, help="images used (spread evenly over the split)"),
         SEED.but(help=seed),
     )
@@ -468,17 +495,17 @@ COMMANDS = (
         image_data(),
         fit("absolute learning rate (default: base-lr * batch / 512)"),
         SPLITS,
-        flag("--base-lr", type=float, help="learning rate per 512 images of global batch"),
-        flag("--drop-path", type=float, help="stochastic depth rate"),
+        flag("--base-lr", type=RATE, help="learning rate per 512 images of global batch"),
+        flag("--drop-path", type=BELOW_ONE, help="stochastic depth rate"),
         flag("--scale", type=float, nargs=2, help="RandomResizedCrop area range"),
         flag("--ratio", type=float, nargs=2, help="RandomResizedCrop aspect range"),
         HFLIP,
         flag("--aa", help="RandAugment policy ('none' to disable)"),
         flag("--color-jitter", type=float, help="used only when --aa none"),
-        flag("--reprob", type=float, help="random-erasing probability"),
-        flag("--mixup", type=float, help="mixup alpha (0 = off)"),
-        flag("--cutmix", type=float, help="cutmix alpha (0 = off)"),
-        flag("--smoothing", type=float, help="label smoothing"),
+        flag("--reprob", type=PROBABILITY, help="random-erasing probability"),
+        flag("--mixup", type=NON_NEGATIVE_REAL, help="mixup alpha (0 = off)"),
+        flag("--cutmix", type=NON_NEGATIVE_REAL, help="cutmix alpha (0 = off)"),
+        flag("--smoothing", type=BELOW_ONE, help="label smoothing"),
         flag("--interpolation"),
         flag("--model-ema", action=argparse.BooleanOptionalAction, help="keep an EMA of the weights"),
         flag("--model-ema-decay", type=float),
@@ -522,7 +549,7 @@ COMMANDS = (
             "windowed language student (as measured), both otherwise",
         ),
         flag("--transfer-epochs", type=POSITIVE, help="epochs of attention transfer"),
-        flag("--transfer-lr", type=float, help="learning rate of attention transfer"),
+        flag("--transfer-lr", type=RATE, help="learning rate of attention transfer"),
         flag(
             "--transfer-loss",
             choices=("mse", "xent", "mse+xent"),

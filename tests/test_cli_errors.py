@@ -217,3 +217,12 @@ def test_unreachable_hub_for_pretrained_weights_is_one_line(tmp_path, monkeypatc
     assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "deit_tiny_patch16_224", "--pretrained"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Hugging Face Hub cannot be reached" in err[0]
+
+
+@pytest.mark.parametrize(
+    "flag,value",
+    [("--lr", "-1"), ("--lr", "nan"), ("--drop-path", "2"), ("--smoothing", "1.5"), ("--crop-pct", "0")]
+    + [("--hflip", "5")],
+)
+def test_rates_and_probabilities_out_of_range(data, tmp_path, capsys, flag, value):
+    _fails_cleanly([*_train(data, tmp_path), flag, value], capsys, flag, "expected a number in")
