@@ -226,3 +226,16 @@ def test_unreachable_hub_for_pretrained_weights_is_one_line(tmp_path, monkeypatc
 )
 def test_rates_and_probabilities_out_of_range(data, tmp_path, capsys, flag, value):
     _fails_cleanly([*_train(data, tmp_path), flag, value], capsys, flag, "expected a number in")
+
+
+def test_a_missing_run_folder_is_named_missing_not_a_hub_id(tmp_path, monkeypatch):
+    """runs/typo beside an existing runs/ is a missing folder; org/name with no such folder may be a Hub id."""
+    from linvit.errors import UsageError
+    from linvit.models.variants import check_model_name
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(UsageError, match="runs/typo: no such file or folder"):
+        check_model_name("runs/typo")
+    with pytest.raises(UsageError, match="looks like a Hub repo id"):
+        check_model_name("facebook/deit")

@@ -56,7 +56,8 @@ def check_model_name(name: str) -> None:
     """ValueError (one line) unless timm can resolve name: a registered name (with or without a pretrained tag),
     hf-hub:REPO or local-dir:PATH (the folder must exist)."""
     if ":" not in name and "/" in name:  # timm 1.0.31 says so too; 1.0.26 dropped the org silently
-        if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
+        path = Path(name).expanduser()
+        if (name.startswith(("/", ".", "~")) or path.parent.is_dir()) and not path.exists():  # runs/typo
             raise UsageError(f"{name}: no such file or folder")
         raise UsageError(f"{name!r} looks like a Hub repo id or a path: use 'hf-hub:{name}' or 'local-dir:{name}'")
     source, model = parse_model_name(name)
