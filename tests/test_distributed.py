@@ -403,3 +403,20 @@ def test_the_committed_memory_table_is_generated_from_the_committed_json():
     script, root = memory_script(), Path(__file__).resolve().parents[1]
     record = json.loads((root / "docs" / "bench" / "fsdp_memory.json").read_text())
     assert script.table(record) in (root / "docs" / "benchmarks.md").read_text()
+
+
+def test_a_session_settles_before_leaving_only_when_its_work_finished(monkeypatch):
+    """distributed_session's barrier (settle: gloo's threads let go of their last tensors before the interpreter
+    ends) runs after a finished session only: a rank that failed never reaches it, so the others would wait there
+    for ever."""
+    import linvit.distributed as distributed
+
+    settled = []
+    monkeypatch.setattr(distributed, "settle", lambda: settled.append(True))
+    with distributed.distributed_session("cpu"):
+        pass
+    assert settled == [True]
+    with pytest.raises(RuntimeError, match="this rank failed"):
+        with distributed.distributed_session("cpu"):
+            raise RuntimeError("this rank failed")
+    assert settled == [True]

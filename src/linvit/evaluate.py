@@ -12,7 +12,7 @@ from timm.data import create_transform, resolve_data_config
 
 from .config import Config, default_workers
 from .data.splits import open_split
-from .distributed import cleanup, init_distributed
+from .distributed import distributed_session
 from .engine import eval_loader
 from .errors import UsageError
 from .train import evaluate_classification
@@ -70,8 +70,7 @@ def run_eval(config: EvalConfig) -> dict:
     """`linvit eval`: evaluate a checkpoint on one split and print / save the metrics."""
     if str(config.checkpoint or "").lower().endswith(".onnx"):  # an exported graph: onnxruntime, not PyTorch
         return evaluate_onnx(config)
-    rank, world, device = init_distributed(config.device)
-    try:
+    with distributed_session(config.device) as (rank, world, device):
         config, run = use_run_folder(config)
         num_classes = class_count(config.data, config.split)
         model = create_for_checkpoint(
@@ -98,8 +97,6 @@ def run_eval(config: EvalConfig) -> dict:
         if rank == 0:
             _report(metrics, config.json)
         return metrics
-    finally:
-        cleanup()
 
 
 def evaluate_onnx(config) -> dict:
