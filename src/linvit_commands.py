@@ -166,8 +166,8 @@ class _Registered:
     is one: a value is checked against the registry (loading linvit, which the command runs anyway), and --help,
     which must not load torch, lists the built-in ones until linvit is loaded."""
 
-    def __init__(self, builtin: tuple[str, ...], dit: bool = False) -> None:
-        self.builtin, self.dit = builtin, dit
+    def __init__(self, builtin: tuple[str, ...], dit: bool = False, extra: tuple[str, ...] = ()) -> None:
+        self.builtin, self.dit, self.extra = builtin, dit, extra  # extra: words the command takes beside the forms
 
     def registered(self) -> tuple[str, ...]:
         from linvit.mixers import conversion_forms
@@ -176,10 +176,10 @@ class _Registered:
         return dit_mixers() if self.dit else conversion_forms()
 
     def __contains__(self, value) -> bool:
-        return value in self.registered()
+        return value in self.extra or value in self.registered()
 
     def __iter__(self):
-        return iter(self.registered() if "linvit.mixers" in sys.modules else self.builtin)
+        return iter((*self.extra, *(self.registered() if "linvit.mixers" in sys.modules else self.builtin)))
 
 
 CONVERT_VARIANTS = _Registered(BUILTIN_FORMS)
@@ -529,7 +529,11 @@ COMMANDS = (
             required=True,
             help="images: DIR/<split>/<class>/* or digits:...; text (LM): a .txt file or folder",
         ),
-        flag("--mixer", choices=CONVERT_VARIANTS, help="the student's attention (docs/distill.md)"),
+        flag(
+            "--mixer",
+            choices=_Registered(BUILTIN_FORMS, extra=("auto",)),
+            help="the student's attention (default auto: the best measured for the teacher, docs/distill.md)",
+        ),
         flag(
             "--gamma-init",
             type=float,

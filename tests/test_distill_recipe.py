@@ -7,7 +7,15 @@ import torch
 import yaml
 
 from linvit.distillation import DistillConfig, run_distill
-from linvit.distillation.recipe import LM_WINDOW, chosen_stages, chosen_window
+from linvit.distillation.recipe import (
+    IMAGE_MIXER,
+    LANGUAGE_MIXER,
+    LM_WINDOW,
+    SHARDED_IMAGE_MIXER,
+    chosen_mixer,
+    chosen_stages,
+    chosen_window,
+)
 from linvit.distillation.teacher import causal_language_teacher
 from linvit.errors import UsageError
 
@@ -52,8 +60,34 @@ def test_only_an_hf_causal_lm_is_a_language_teacher(tmp_path):
 def test_a_window_asked_for_a_vision_teacher_keeps_both_stages():
     from linvit.distillation.task import DistillConfig, with_recipe
 
-    config, notice = with_recipe(DistillConfig(teacher="vit_4l_patch16_224", window=16))
+    config, notice = with_recipe(DistillConfig(teacher="vit_4l_patch16_224", window=16, mixer="katz_infsa"))
     assert (config.window, config.stages, notice) == (16, "both", None)
+
+
+@pytest.mark.parametrize(
+    "language, strategy, expected",
+    [
+        (False, "ddp", IMAGE_MIXER),  # the anchor's form: above Katz's on every vision row
+        (False, "fsdp", SHARDED_IMAGE_MIXER),  # the best form fsdp trains
+        (True, "ddp", LANGUAGE_MIXER),
+        (True, "fsdp", LANGUAGE_MIXER),
+    ],
+)
+def test_the_mixer_left_open_is_the_best_measured_for_the_teacher(language, strategy, expected):
+    assert chosen_mixer("auto", language, strategy) == expected
+    assert chosen_mixer("pure_infsa", language, strategy) == "pure_infsa"  # asked for
+
+
+def test_an_image_run_with_no_mixer_says_which_it_chose_and_starts_it_at_its_discount():
+    from linvit.distillation.task import DistillConfig, default_gamma, with_recipe
+
+    open_config = DistillConfig(teacher="vit_4l_patch16_224")
+    assert (open_config.mixer, open_config.gamma_init) == ("auto", None)  # both wait for the teacher
+    config, notice = with_recipe(open_config)
+    assert (config.mixer, config.gamma_init) == (IMAGE_MIXER, default_gamma(IMAGE_MIXER))
+    assert notice == f"linvit distill: an image teacher: --mixer {IMAGE_MIXER} (docs/distill.md, Defaults)"
+    config, _ = with_recipe(DistillConfig(teacher="vit_4l_patch16_224", strategy="fsdp"))
+    assert (config.mixer, config.gamma_init) == (SHARDED_IMAGE_MIXER, 0.5)  # Katz's own first discount
 
 
 def test_a_language_run_with_no_recipe_flags_gets_the_window_and_transfer_only(tmp_path):
@@ -71,7 +105,7 @@ def test_a_language_run_with_no_recipe_flags_gets_the_window_and_transfer_only(t
     config = DistillConfig(teacher=f"hf:{tmp_path / 'gpt2'}", data=str(text), output=str(tmp_path / "run"), **runtime)
     run_distill(config.replace(context=80))
     saved = yaml.safe_load((tmp_path / "run/args.yaml").read_text())
-    assert (saved["window"], saved["stages"]) == (LM_WINDOW, "attention")
+    assert (saved["mixer"], saved["window"], saved["stages"]) == (LANGUAGE_MIXER, LM_WINDOW, "attention")
     assert not (tmp_path / "run/attention").exists()  # one stage, written to the run itself
     student = linvit.load_run(tmp_path / "run")
     assert {getattr(m, "infsa_window", None) for m in student.modules() if hasattr(m, "infsa_window")} == {LM_WINDOW}

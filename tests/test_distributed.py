@@ -49,7 +49,7 @@ def distill(data, out, strategy: str) -> list[str]:
     args = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=2"]
     args += ["num_heads=2", "num_classes=10", "--data", str(data), "--img-size", "32", "--epochs", "1"]
     args += ["--batch-size", "4", "--workers", "0", "--device", "cpu", "--no-progress", "--output", str(out)]
-    return [*args, "--strategy", strategy]
+    return [*args, "--strategy", strategy, "--mixer", "katz_infsa:hedgehog"]  # auto's pick differs by strategy
 
 
 def metrics(out: Path) -> list[dict]:

@@ -54,10 +54,13 @@ TAP = "_linvit_weight_tap"  # the attribute a converted language layer's attenti
 TEACHER_ATTENTION = "linvit_weight_tap"
 
 
-def check_transfer_loss(transfer_loss: str, mixer: str) -> None:
-    """One line for a loss that is not one of TRANSFER_LOSSES, or a weight loss for a form without weights."""
+def check_transfer_loss(transfer_loss: str, mixer: str | None) -> None:
+    """One line for a loss that is not one of TRANSFER_LOSSES, or a weight loss for a form without weights
+    (mixer None: the form is not chosen yet, the name alone is checked)."""
     if transfer_loss not in TRANSFER_LOSSES:
         raise UsageError(f"transfer_loss must be one of {', '.join(TRANSFER_LOSSES)}, got {transfer_loss!r}")
+    if mixer is None:
+        return
     form, _, option = mixer.partition(":")
     if "xent" in transfer_loss and form not in WEIGHT_FORMS:
         why = NO_WEIGHTS.get(form, "it has no row-stochastic attention weights")

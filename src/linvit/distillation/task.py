@@ -39,7 +39,7 @@ from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
 from ..weights import load_weights
 from .attention_weights import check_transfer_loss
-from .recipe import chosen_stages, chosen_window
+from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_window
 from .student import make_student, merged, train_only_converted_layers, train_only_feature_maps, with_lora
 from .teacher import Logits, Teacher, absolute_teacher, causal_language_teacher, load_teacher, logits_of
 from .text import text_splits
@@ -48,9 +48,8 @@ from .transfer import LayerTaps, layer_pairs
 STAGES = ("auto", "both", "attention", "end-to-end")  # auto: distillation.recipe.chosen_stages
 
 
-# Katz-InfSA with learned (Hedgehog) feature maps: at or above fixed-map Katz on every row of docs/results.md
-# (digit at 5/10/25%, max at 10%; the GPT-2 student's loss gap 12.3% against 28.5%, 3 seeds each)
-DEFAULT_MIXER = "katz_infsa:hedgehog"
+# the best measured form for the teacher's kind, chosen once the teacher is read (distillation.recipe.chosen_mixer)
+DEFAULT_MIXER = AUTO
 
 
 def default_gamma(mixer: str) -> float:
@@ -98,21 +97,25 @@ class DistillConfig(TrainConfig):
     warmup_epochs: int = 0
 
     def __post_init__(self) -> None:
-        if self.gamma_init is None:
-            self.gamma_init = default_gamma(self.mixer)
-        try:
-            self.mixer = canonical_form(self.mixer)  # one spelling per form ("katz_infsa:relu" -> "katz_infsa")
-        except UsageError:
-            raise UsageError(
-                f"mixer must be one of {', '.join(conversion_forms())} (linvit.convert's), got {self.mixer!r}"
-            ) from None
-        check_transfer_loss(self.transfer_loss, self.mixer)
+        if self.mixer != AUTO:  # "auto": the form and its first discount wait for the teacher (with_recipe)
+            self._check_mixer()
+        check_transfer_loss(self.transfer_loss, None if self.mixer == AUTO else self.mixer)
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:
             raise UsageError(f"hard_weight is the labels' share of the loss, in [0, 1]; got {self.hard_weight}")
         if self.temperature <= 0:
             raise UsageError(f"temperature must be > 0, got {self.temperature}")
+
+    def _check_mixer(self) -> None:
+        if self.gamma_init is None:
+            self.gamma_init = default_gamma(self.mixer)
+        try:
+            self.mixer = canonical_form(self.mixer)  # one spelling per form ("katz_infsa:relu" -> "katz_infsa")
+        except UsageError:
+            raise UsageError(
+                f"mixer must be one of {AUTO}, {', '.join(conversion_forms())} (linvit.convert's), got {self.mixer!r}"
+            ) from None
 
 
 class Distiller(nn.Module):
@@ -386,14 +389,17 @@ def skipped_stage_settings(config: DistillConfig) -> str | None:
 
 
 def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
-    """config with the window and stages its flags left open chosen (distillation.recipe; every rank reads the
+    """config with the mixer, window and stages its flags left open chosen (distillation.recipe; every rank reads the
     same teacher configuration, and one that cannot read it stops), and a line saying what was chosen, if anything.
     The run stores the choice (None for no window, as runs before the default stored it)."""
     language = causal_language_teacher(config.teacher)
+    chosen = []
+    if config.mixer == AUTO:
+        config = config.replace(mixer=chosen_mixer(config.mixer, language, config.strategy))
+        chosen.append(f"--mixer {config.mixer}")
     check_sharded_student(config, language)
     window = chosen_window(config.window, config.mixer, language)
     stages = chosen_stages(config.stages, window if language else None)  # transfer only: measured on LMs only
-    chosen = []
     if config.window is None and window is not None:
         chosen.append(f"--window {window}")
     if config.stages == "auto" and stages != "both":
@@ -401,7 +407,8 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     config = config.replace(window=window, stages=stages)  # None stored as before: old folders resume
     if not chosen:
         return config, None
-    return config, f"linvit distill: a causal language model teacher: {' '.join(chosen)} (docs/distill.md, Defaults)"
+    kind = "a causal language model" if language else "an image"
+    return config, f"linvit distill: {kind} teacher: {' '.join(chosen)} (docs/distill.md, Defaults)"
 
 
 def check_sharded_student(config: DistillConfig, language: bool) -> None:
