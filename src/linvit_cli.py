@@ -258,6 +258,8 @@ def _config_value(p: argparse.ArgumentParser, action: argparse.Action, value, pa
         if action.choices is not None and item is not None and item not in action.choices:
             p.error(f"--config {path}: {action.dest}: {item!r} is not one of {list(action.choices)}")
         parsed.append(item)
+    if isinstance(action.nargs, int) and action.nargs > 1 and len(parsed) != action.nargs:  # `scale: 0.5`
+        p.error(f"--config {path}: {action.dest}: expected a list of {action.nargs} values, got {value!r}")
     return parsed if many or items is value else parsed[0]  # `crop_size: 48` for a nargs="+" flag is [48]
 
 

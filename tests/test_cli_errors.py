@@ -119,6 +119,39 @@ def test_newer_commands_reject_bad_inputs_in_one_line(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
 
 
+@pytest.mark.parametrize("value", ["0.5", "[0.5]", "[0.1, 0.5, 1.0]"])
+def test_a_config_value_of_the_wrong_length_for_a_two_value_flag_is_one_line(tmp_path, capsys, value):
+    """`scale: 0.5` in --config ended in an IndexError inside timm's transform once the run had started."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"scale: {value}\n")
+    argv = ["train", "--model", "vit_4l_patch16_224", "--data", "digits:digit", "--config", str(config)]
+    _fails_cleanly([*argv, "--output", str(tmp_path / "run")], capsys, "scale", "expected a list of 2 values")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "distill"])
+def test_a_run_that_cannot_start_leaves_no_folder_behind(tmp_path, capsys, command):
+    """Missing data is found when the run builds its parts, after the trainer made the output folder (and its
+    parents, and distill's stage folder): the folders it made are removed again; one it found is kept."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    model = ["--model", "vit_4l_patch16_224"] if command == "train" else ["--teacher", "vit_4l_patch16_224"]
+    for output in (tmp_path / "new" / "deeper", kept):
+        argv = [command, *model, "--data", str(tmp_path / "nowhere"), "--output", str(output), "--workers", "0"]
+        _fails_cleanly(argv, capsys, "split folder not found")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"] and not any(kept.iterdir())
+
+
+def test_model_kwargs_that_contradict_trains_own_settings_are_one_line(tmp_path, capsys):
+    """`--model-kwargs num_classes=3` on 10-class data was a duplicate-keyword TypeError inside timm; the same
+    value as train's own is harmless and runs."""
+    argv = ["train", "--model", "vit_4l_patch16_224", "--data", "digits:digit,length=20", "--workers", "0"]
+    argv += ["--epochs", "1", "--batch-size", "10", "--no-progress", "--img-size", "32", "--model-kwargs", "depth=1"]
+    _fails_cleanly([*argv, "num_classes=3", "--output", str(tmp_path / "a")], capsys, "num_classes is set by --data")
+    _fails_cleanly([*argv, "img_size=64", "--output", str(tmp_path / "b")], capsys, "img_size is set by --img-size")
+    assert cli_main([*argv, "num_classes=10", "img_size=32", "--output", str(tmp_path / "c")]) == 0
+
+
 def test_a_coco_file_naming_missing_images(tmp_path, capsys):
     import json
 

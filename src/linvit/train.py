@@ -114,6 +114,26 @@ def mixup_and_criterion(config: ClassifyConfig, num_classes: int) -> tuple[Mixup
     return None, nn.CrossEntropyLoss()
 
 
+# the model kwargs `linvit train` sets itself, and what sets each
+SET_BY = {
+    "img_size": "--img-size",
+    "num_classes": "--data (its class count)",
+    "drop_path_rate": "--drop-path",
+    "pretrained_file": "--pretrained-file",
+}
+
+
+def with_model_kwargs(built: dict, extra: dict) -> dict:
+    """The kwargs train builds its model with, and --model-kwargs; one line where --model-kwargs gives one of
+    train's own another value (a duplicate keyword was a TypeError inside timm)."""
+    for name, value in extra.items():
+        if name in built and value != built[name]:
+            raise UsageError(
+                f"--model-kwargs {name}={value}: {name} is set by {SET_BY[name]} ({built[name]}); drop it from --model-kwargs"
+            )
+    return {**built, **extra}
+
+
 class ClassificationScores(Metric):
     """Summed cross-entropy, top-1 and top-5 hits. The sums stay on the device until the end (no host
     synchronisation per batch); each rank sees a disjoint shard (no padding duplicates), so the sums over
@@ -170,14 +190,13 @@ class Classification(Task):
 
     def build(self, config: ClassifyConfig, device, rank: int, world: int) -> Parts:
         self.num_classes = len(open_split(config.data, config.train_split).classes)
-        model = create_variant(
-            config.model,
-            img_size=config.img_size,
-            num_classes=self.num_classes,
-            drop_path_rate=config.drop_path,
-            pretrained_file=config.pretrained_file,
-            **config.model_kwargs,
-        )
+        built = {
+            "img_size": config.img_size,
+            "num_classes": self.num_classes,
+            "drop_path_rate": config.drop_path,
+            "pretrained_file": config.pretrained_file,
+        }
+        model = create_variant(config.model, **with_model_kwargs(built, config.model_kwargs))
         self.conversion = convert_if_asked(model, config.convert)
         train_set, val_set, self.data_config = build_datasets(config, model)
         self.val_images = len(val_set)

@@ -145,10 +145,24 @@ def release_process_group_users(run: Run) -> None:
 
 
 def start_run(task: Task, config: TrainConfig, rank: int, world: int, device: torch.device) -> Run:
-    """Build the task's parts and the recipe around them, resume if asked, and record the config."""
+    """Build the task's parts and the recipe around them, resume if asked, and record the config. A folder this
+    call created is removed again when the run cannot start (bad data, a model that cannot be built): a failed
+    command leaves no empty run folder behind."""
     output = Path(config.output)
+    created = [f for f in (output, *output.parents) if not f.exists()] if rank == 0 else []  # deepest first
     if rank == 0:
         output_dir(output)
+    try:
+        return build_run(task, config, output, rank, world, device)
+    except BaseException:
+        for folder in created:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
+
+
+def build_run(task: Task, config: TrainConfig, output: Path, rank: int, world: int, device: torch.device) -> Run:
+    """start_run's work, in its output folder."""
     if config.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     seed_everything(config.seed)
