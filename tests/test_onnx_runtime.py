@@ -110,6 +110,32 @@ def test_eval_of_an_onnx_file_refuses_pytorch_only_flags(run, tmp_path, capsys):
         OnnxClassifier(onnx_file).data_config(img_size=64)
 
 
+def test_predict_on_an_onnx_file_gives_the_runs_labels_and_probabilities(run, tmp_path, capsys):
+    """`linvit predict --checkpoint FILE.onnx`: the run's preprocessing and class names, stored in the file, give
+    the same top-k as predicting with the run folder; what needs the PyTorch model is refused in one line."""
+    data, folder = run
+    onnx_file = tmp_path / "m.onnx"
+    assert cli_main(["export", "--model", str(folder), "--output", str(onnx_file)]) == 0
+    images = sorted((data / "val").rglob("*.png"))[:6]
+    common = ["predict", *map(str, images), "--topk", "3", "--no-progress"]
+    assert cli_main([*common, "--checkpoint", str(folder), "--output", str(tmp_path / "torch.jsonl")]) == 0
+    assert cli_main([*common, "--checkpoint", str(onnx_file), "--output", str(tmp_path / "onnx.jsonl")]) == 0
+    torch_rows, onnx_rows = ([json.loads(line) for line in (tmp_path / f).read_text().splitlines()]
+                             for f in ("torch.jsonl", "onnx.jsonl"))  # fmt: skip
+    assert len(onnx_rows) == len(images)
+    assert OnnxClassifier(onnx_file).label_names == [str(d) for d in range(10)]  # the run's class folders' names
+    for a, b in zip(torch_rows, onnx_rows, strict=True):
+        assert a["size"] == b["size"] and [t["label"] for t in a["topk"]] == [t["label"] for t in b["topk"]]
+        for ta, tb in zip(a["topk"], b["topk"], strict=True):
+            assert tb["prob"] == pytest.approx(ta["prob"], abs=1e-5)
+    capsys.readouterr()
+    for flag in (["--maps", str(tmp_path / "maps")], ["--native"], ["--amp", "bf16"]):
+        assert cli_main([*common, "--checkpoint", str(onnx_file), *flag]) == 2
+        assert f"{flag[0]}: not for an .onnx file" in capsys.readouterr().err
+    assert cli_main([*common, "--checkpoint", str(onnx_file), "--img-size", "64"]) == 2
+    assert "takes 32 x 32 only" in capsys.readouterr().err
+
+
 def test_quantize_needs_onnx_format_and_onnxruntime(tmp_path, capsys, monkeypatch):
     export = ["export", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1", "--img-size", "32"]
     assert cli_main([*export, "--output", str(tmp_path / "m.pt2"), "--quantize", "int8"]) != 0

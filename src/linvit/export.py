@@ -71,6 +71,7 @@ def load_export_model(spec: str, model_kwargs: dict, img_size: tuple[int, int] |
         if not config.get("architecture"):
             raise UsageError(f"{folder}: a {config['linvit'].get('task')} run; export takes classification runs")
         model = timm.create_model(f"local-dir:{folder}", pretrained=True, **model_kwargs)  # = linvit.load_run
+        model.label_names = config.get("label_names")  # an .onnx file stores them (predict's labels)
         return model, config["architecture"], True
     if Path(spec).exists():
         raise UsageError(f"{spec}: not a linvit run folder (no config.json from `linvit train`)")

@@ -36,6 +36,9 @@ def require_onnxruntime(what: str):
 def classifier_metadata(name: str, model: nn.Module, data_config: dict, step: int | None) -> dict:
     """What eval needs of an exported classifier: its class count and the run's preprocessing."""
     record = {"task": "classification", "model": name, "num_classes": int(getattr(model, "num_classes", 0))}
+    names = getattr(model, "label_names", None)  # a run folder's classes (linvit.load_run), for predict's labels
+    if names:
+        record["label_names"] = [str(n) for n in names]
     record.update({k: _plain(data_config[k]) for k in DATA_KEYS if k in data_config})
     record["size_step"] = step  # None: the graph takes input_size only
     return record
@@ -128,6 +131,8 @@ class OnnxClassifier(nn.Module):
         batch = inputs[0].shape[0]
         self.fixed_batch = batch if isinstance(batch, int) else None
         self.num_classes = int(self.meta["num_classes"])
+        self.label_names = self.meta.get("label_names")  # None for files exported before they were stored
+        self.pretrained_cfg = self.data_config()  # what timm's resolve_model_data_config reads (predict)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.detach().to("cpu", torch.float32).numpy()

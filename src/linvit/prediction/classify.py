@@ -30,6 +30,7 @@ from ..data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
 from ..distributed import resolve_device
 from ..errors import UsageError
 from ..models import patch_size
+from ..onnx_runtime import OnnxClassifier
 from ..utils.runtime import autocast
 from .output import OutputPaths, check_out_file, report_skipped, write_jsonl
 
@@ -139,11 +140,35 @@ def load_model(config: PredictConfig) -> nn.Module:
     if config.model is None:
         if not config.checkpoint:
             raise UsageError("give --checkpoint RUN (a run folder) or --model NAME")
+        if str(config.checkpoint).lower().endswith(".onnx"):
+            return exported_classifier(config)
         return load_run(config.checkpoint)
     torch.manual_seed(0)  # random weights (no --checkpoint) are the same on every run
     model = create_for_checkpoint(config.model, config.checkpoint, any_size=True, **config.model_kwargs)
     if config.checkpoint:
         load_weights(model, config.checkpoint)
+    return model
+
+
+def exported_classifier(config: PredictConfig) -> nn.Module:
+    """An .onnx file of `linvit export` in onnxruntime (CPU), with the preprocessing and class names stored in
+    it; flags that change how PyTorch runs a model, and what needs the PyTorch model (maps, native sizes), are
+    refused in one line."""
+    given = {
+        "--model-kwargs": bool(config.model_kwargs),
+        "--pretrained": config.pretrained,
+        "--native": config.native,
+        "--maps": config.maps is not None,
+        "--amp": config.amp != "none",
+        "--compile": config.compile != "off",
+        "--device": config.device not in ("auto", "cpu"),
+    }
+    bad = [flag for flag, on in given.items() if on]
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: not for an .onnx file (it runs in onnxruntime on CPU as exported)")
+    model = OnnxClassifier(config.checkpoint)
+    if config.img_size is not None:
+        model.data_config(config.img_size)  # a size the graph does not take is one line here, not an onnx error
     return model
 
 
@@ -156,7 +181,7 @@ def run_predict(config: PredictConfig) -> list[dict]:
 
     paths = find_images(config.images)
     model = load_model(config)
-    device = resolve_device(config.device)
+    device = torch.device("cpu") if isinstance(model, OnnxClassifier) else resolve_device(config.device)
     max_pixels = config.max_pixels or DEFAULT_MAX_PIXELS
     img_size = height_width(config.img_size)
     check_out_file(config.output, "preds.jsonl")
