@@ -532,7 +532,7 @@ COMMANDS = (
         flag(
             "--mixer",
             choices=_Registered(BUILTIN_FORMS, extra=("auto",)),
-            help="the student's attention (default auto: the best measured for the teacher, docs/distill.md)",
+            help="the student's attention (default auto: by teacher kind, from docs/distill.md's measurements)",
         ),
         flag(
             "--gamma-init",

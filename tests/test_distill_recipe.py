@@ -12,6 +12,7 @@ from linvit.distillation.recipe import (
     LANGUAGE_MIXER,
     LM_WINDOW,
     SHARDED_IMAGE_MIXER,
+    SHARDED_LANGUAGE_MIXER,
     chosen_mixer,
     chosen_stages,
     chosen_window,
@@ -70,7 +71,7 @@ def test_a_window_asked_for_a_vision_teacher_keeps_both_stages():
         (False, "ddp", IMAGE_MIXER),  # the anchor's form: above Katz's on every vision row
         (False, "fsdp", SHARDED_IMAGE_MIXER),  # the best form fsdp trains
         (True, "ddp", LANGUAGE_MIXER),
-        (True, "fsdp", LANGUAGE_MIXER),
+        (True, "fsdp", SHARDED_LANGUAGE_MIXER),  # fsdp cannot train a language student's learned maps yet
     ],
 )
 def test_the_mixer_left_open_is_the_best_measured_for_the_teacher(language, strategy, expected):
@@ -86,8 +87,25 @@ def test_an_image_run_with_no_mixer_says_which_it_chose_and_starts_it_at_its_dis
     config, notice = with_recipe(open_config)
     assert (config.mixer, config.gamma_init) == (IMAGE_MIXER, default_gamma(IMAGE_MIXER))
     assert notice == f"linvit distill: an image teacher: --mixer {IMAGE_MIXER} (docs/distill.md, Defaults)"
-    config, _ = with_recipe(DistillConfig(teacher="vit_4l_patch16_224", strategy="fsdp"))
+    config, notice = with_recipe(DistillConfig(teacher="vit_4l_patch16_224", strategy="fsdp"))
     assert (config.mixer, config.gamma_init) == (SHARDED_IMAGE_MIXER, 0.5)  # Katz's own first discount
+    assert f"--mixer {SHARDED_IMAGE_MIXER} (fsdp)" in notice
+
+
+def test_a_resumed_run_keeps_the_form_its_folder_stored(tmp_path):
+    """A run started under another default (or another --strategy) resumes its own form and first discount
+    with --mixer auto, instead of being refused for flags its user never gave; a new run gets today's pick."""
+    from linvit.distillation.task import DistillConfig, with_recipe
+
+    (tmp_path / "attention").mkdir()
+    stored = {"mixer": "katz_infsa:hedgehog", "gamma_init": 0.5}  # the default before --mixer auto
+    (tmp_path / "attention" / "args.yaml").write_text(yaml.safe_dump(stored))
+    base = DistillConfig(teacher="vit_4l_patch16_224", output=str(tmp_path))
+    config, notice = with_recipe(base.replace(resume="auto"))
+    assert (config.mixer, config.gamma_init, notice) == ("katz_infsa:hedgehog", 0.5, None)
+    config, _ = with_recipe(base.replace(resume="auto", gamma_init=0.7))  # asked for: kept
+    assert (config.mixer, config.gamma_init) == ("katz_infsa:hedgehog", 0.7)
+    assert with_recipe(base)[0].mixer == IMAGE_MIXER  # not resuming: today's pick
 
 
 def test_a_language_run_with_no_recipe_flags_gets_the_window_and_transfer_only(tmp_path):

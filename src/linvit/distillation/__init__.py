@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from ..errors import UsageError
 from .student import make_student
 from .task import DEFAULT_MIXER, STAGES, Distillation, DistillConfig, run_distill
 from .teacher import Teacher, load_teacher
@@ -18,7 +19,8 @@ from .teacher import Teacher, load_teacher
 
 def distill(teacher: str, data: str, output: str, mixer: str = DEFAULT_MIXER, **options) -> nn.Module:
     """Distil the teacher (a timm name, run folder, ``torchvision:NAME`` or ``hf:PATH``) into a student whose
-    attention is ``mixer`` (linvit.convert's variants), on data (an image dataset, or text for a language
+    attention is ``mixer`` (linvit.convert's variants; "auto": the best measured for the teacher's kind,
+    distillation.recipe), on data (an image dataset, or text for a language
     model); OUT becomes a run folder. options are DistillConfig's fields (epochs, lr, transfer_epochs,
     lora_rank, ...). Returns the student, in eval mode."""
     return run_distill(DistillConfig(teacher=teacher, data=data, output=output, mixer=mixer, **options))
@@ -27,6 +29,8 @@ def distill(teacher: str, data: str, output: str, mixer: str = DEFAULT_MIXER, **
 def rebuild_student(args: dict) -> nn.Module:
     """A distilled student's architecture (no weights) from its run's stored config: for linvit.load_run."""
     config = DistillConfig.from_mapping(args)
+    if config.mixer == "auto":
+        raise UsageError("a distilled student's args name its mixer (--mixer auto is chosen when the run starts)")
     teacher = load_teacher(config.teacher, None, False, config.model_kwargs, config.img_size)
     return make_student(teacher.model, config.mixer, config.gamma_init, config.feature_dim, config.window)
 

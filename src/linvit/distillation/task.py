@@ -39,7 +39,7 @@ from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
 from ..weights import load_weights
 from .attention_weights import check_transfer_loss
-from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_window
+from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_window, stored_mixer
 from .student import make_student, merged, train_only_converted_layers, train_only_feature_maps, with_lora
 from .teacher import Logits, Teacher, absolute_teacher, causal_language_teacher, load_teacher, logits_of
 from .text import text_splits
@@ -395,8 +395,13 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     language = causal_language_teacher(config.teacher)
     chosen = []
     if config.mixer == AUTO:
-        config = config.replace(mixer=chosen_mixer(config.mixer, language, config.strategy))
-        chosen.append(f"--mixer {config.mixer}")
+        stored = stored_mixer(config.output, config.resume)
+        if stored is not None:  # the form the resumed run started with (its first discount too, if left open)
+            mixer, gamma = stored
+            config = config.replace(mixer=mixer, gamma_init=gamma if config.gamma_init is None else config.gamma_init)
+        else:
+            config = config.replace(mixer=chosen_mixer(config.mixer, language, config.strategy))
+            chosen.append(f"--mixer {config.mixer}" + (" (fsdp)" if config.strategy == "fsdp" else ""))
     check_sharded_student(config, language)
     window = chosen_window(config.window, config.mixer, language)
     stages = chosen_stages(config.stages, window if language else None)  # transfer only: measured on LMs only
