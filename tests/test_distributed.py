@@ -420,3 +420,13 @@ def test_a_session_settles_before_leaving_only_when_its_work_finished(monkeypatc
         with distributed.distributed_session("cpu"):
             raise RuntimeError("this rank failed")
     assert settled == [True]
+
+    def peer_gone():
+        raise RuntimeError("Connection closed by peer")
+
+    left = []
+    monkeypatch.setattr(distributed, "settle", peer_gone)  # a peer failed after its last collective
+    monkeypatch.setattr(distributed, "cleanup", lambda: left.append(True))
+    with distributed.distributed_session("cpu"):
+        pass  # this rank finished: it leaves the group and ends well
+    assert left == [True]
