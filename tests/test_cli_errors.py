@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from linvit.cli import main as cli_main
 from linvit.data import build_cluttered_mnist, load_boxes
+from linvit.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +143,30 @@ def test_a_run_that_cannot_start_leaves_no_folder_behind(tmp_path, capsys, comma
         argv = [command, *model, "--data", str(tmp_path / "nowhere"), "--output", str(output), "--workers", "0"]
         _fails_cleanly(argv, capsys, "split folder not found")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"] and not any(kept.iterdir())
+
+
+def test_a_config_of_switches_and_a_runs_args_yaml_still_parse(tmp_path):
+    """Switches (store_true, --x/--no-x) take no values: `progress: false` beside a refused `scale: 0.5` is not
+    itself refused, and a run's args.yaml (every switch stored) reruns."""
+    import linvit_cli
+
+    fixture = Path(__file__).parent / "fixtures" / "run_v0_classify" / "args.yaml"
+    args = linvit_cli.parse_args(["train", "--config", str(fixture), "--output", str(tmp_path / "rerun")])
+    assert args.progress is not None and args.data
+    config = tmp_path / "run.yaml"
+    config.write_text("progress: false\ndeterministic: true\nscale: [0.5, 1.0]\n")
+    args = linvit_cli.parse_args(["train", "--config", str(config), "--model", "m", "--data", "d", "--output", "o"])
+    assert (args.progress, args.deterministic, args.scale) == (False, True, [0.5, 1.0])
+
+
+def test_model_kwargs_train_leaves_open_are_theirs_to_give():
+    from linvit.train import with_model_kwargs
+
+    built = {"img_size": None, "num_classes": 10, "drop_path_rate": 0.1, "pretrained_file": None}
+    assert with_model_kwargs(built, {"img_size": 64})["img_size"] == 64  # --img-size not given
+    assert with_model_kwargs({**built, "img_size": [32]}, {"img_size": [32, 32]})["img_size"] == [32, 32]  # one size
+    with pytest.raises(UsageError, match="drop_path_rate is set by --drop-path"):
+        with_model_kwargs(built, {"drop_path_rate": 0.2})
 
 
 def test_model_kwargs_that_contradict_trains_own_settings_are_one_line(tmp_path, capsys):

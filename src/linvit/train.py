@@ -124,14 +124,24 @@ SET_BY = {
 
 
 def with_model_kwargs(built: dict, extra: dict) -> dict:
-    """The kwargs train builds its model with, and --model-kwargs; one line where --model-kwargs gives one of
-    train's own another value (a duplicate keyword was a TypeError inside timm)."""
+    """The kwargs train builds its model with, and --model-kwargs: a value train leaves open (None) is the
+    kwarg's to give; one train sets is refused in one line where the kwarg says otherwise (a duplicate keyword
+    was a TypeError inside timm)."""
     for name, value in extra.items():
-        if name in built and value != built[name]:
+        own = built.get(name)
+        if own is not None and _as_size(name, value) != _as_size(name, own):
             raise UsageError(
-                f"--model-kwargs {name}={value}: {name} is set by {SET_BY[name]} ({built[name]}); drop it from --model-kwargs"
+                f"--model-kwargs {name}={value}: {name} is set by {SET_BY[name]} ({own}); drop it from --model-kwargs"
             )
     return {**built, **extra}
+
+
+def _as_size(name: str, value):
+    """img_size as (H, W) (32, [32] and [32, 32] are one size); other values as they are."""
+    if name != "img_size" or isinstance(value, str):
+        return value
+    sides = list(value) if isinstance(value, (list, tuple)) else [value]
+    return tuple(sides * 2 if len(sides) == 1 else sides)
 
 
 class ClassificationScores(Metric):
