@@ -129,7 +129,8 @@ def test_predict_on_an_onnx_file_gives_the_runs_labels_and_probabilities(run, tm
         for ta, tb in zip(a["topk"], b["topk"], strict=True):
             assert tb["prob"] == pytest.approx(ta["prob"], abs=1e-5)
     capsys.readouterr()
-    for flag in (["--maps", str(tmp_path / "maps")], ["--native"], ["--amp", "bf16"]):
+    refused = (["--maps", str(tmp_path / "maps")], ["--native"], ["--amp", "bf16"], ["--pretrained"], ["--model", "m"])
+    for flag in refused:
         assert cli_main([*common, "--checkpoint", str(onnx_file), *flag]) == 2
         assert f"{flag[0]}: not for an .onnx file" in capsys.readouterr().err
     assert cli_main([*common, "--checkpoint", str(onnx_file), "--img-size", "64"]) == 2

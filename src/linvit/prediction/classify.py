@@ -137,11 +137,11 @@ def load_model(config: PredictConfig) -> nn.Module:
     from ..runs import load_run
     from ..weights import create_for_checkpoint, load_weights
 
+    if str(config.checkpoint or "").lower().endswith(".onnx"):
+        return exported_classifier(config)
     if config.model is None:
         if not config.checkpoint:
             raise UsageError("give --checkpoint RUN (a run folder) or --model NAME")
-        if str(config.checkpoint).lower().endswith(".onnx"):
-            return exported_classifier(config)
         return load_run(config.checkpoint)
     torch.manual_seed(0)  # random weights (no --checkpoint) are the same on every run
     model = create_for_checkpoint(config.model, config.checkpoint, any_size=True, **config.model_kwargs)
@@ -154,9 +154,11 @@ def exported_classifier(config: PredictConfig) -> nn.Module:
     """An .onnx file of `linvit export` in onnxruntime (CPU), with the preprocessing and class names stored in
     it; flags that change how PyTorch runs a model, and what needs the PyTorch model (maps, native sizes), are
     refused in one line."""
+    folded = {"pretrained": True} if config.pretrained else {}  # the CLI folds --pretrained into the kwargs
     given = {
-        "--model-kwargs": bool(config.model_kwargs),
-        "--pretrained": config.pretrained,
+        "--model": config.model is not None,
+        "--model-kwargs": bool({k: v for k, v in config.model_kwargs.items() if k not in folded}),
+        "--pretrained": config.pretrained or bool(config.model_kwargs.get("pretrained")),
         "--native": config.native,
         "--maps": config.maps is not None,
         "--amp": config.amp != "none",
