@@ -43,9 +43,11 @@ def _recorded_step(teacher, student, inputs, **call):
     return taps, recorded
 
 
-def test_vision_weights_match_float64_references_and_the_layers_output():
+@pytest.mark.parametrize("eps", [1e-6, 0.25])
+def test_vision_weights_match_float64_references_and_the_layers_output(eps):
     """Teacher: softmax of the timm layer's own q k^T * scale; student (linear attention, learned map): the
-    Hedgehog features' products normalised, and those weights applied to v give the layer's output."""
+    Hedgehog features' products normalised with the layer's own eps, and those weights applied to v give the
+    layer's output."""
     torch.manual_seed(0)
     teacher = load_teacher("vit_4l_patch16_224", model_kwargs=TINY_VIT, img_size=[32]).model.double()
     student = make_student(teacher, "linear_attention:hedgehog")
@@ -53,6 +55,9 @@ def test_vision_weights_match_float64_references_and_the_layers_output():
         for name, p in student.named_parameters():
             if "feature_" in name:
                 p.add_(torch.randn_like(p))
+    for m in student.modules():
+        if hasattr(m, "feature_q"):
+            m.eps = eps
     taps, recorded = _recorded_step(teacher, student, torch.randn(2, 3, 32, 32, dtype=torch.float64))
     for i, (_, t_layer, s_layer) in enumerate(taps.pairs):
         x, r = taps.teacher_in[i], recorded[i]
@@ -69,8 +74,8 @@ def test_vision_weights_match_float64_references_and_the_layers_output():
             return torch.cat([_softmax_rows(z), _softmax_rows(-z)], -1)
 
         a = hedgehog(sq, s_layer.feature_q.weight) @ hedgehog(sk, s_layer.feature_k.weight).transpose(-2, -1)
-        expected_lin = a / (a.sum(-1, keepdim=True) + 1e-6)
-        lin = student_log_weights(r.fq, r.fk, False).exp()
+        expected_lin = a / (a.sum(-1, keepdim=True) + eps)
+        lin = student_log_weights(r.fq, r.fk, False, eps=r.eps).exp()
         torch.testing.assert_close(lin, expected_lin, rtol=1e-12, atol=1e-14)
         out = s_layer.proj((lin @ sv).transpose(1, 2).reshape(B, N, C))
         torch.testing.assert_close(out, taps.student_out[i], rtol=1e-10, atol=1e-12)

@@ -49,7 +49,7 @@ NO_WEIGHTS = {
 FULL_MAX_TOKENS = 1024  # N x N weights per head up to this many tokens
 QUERY_BLOCK = 256  # queries drawn per layer and step above it
 MIN_WEIGHT = 1e-12  # a student weight's floor inside the log (LoLCATs'): ReLU features can give exact zeros
-EPS = 1e-6  # the forms' normaliser eps (layers' and ops' default)
+EPS = 1e-6  # the forms' normaliser eps (layers' and ops' default); a vision layer's own eps is recorded
 TAP = "_linvit_weight_tap"  # the attribute a converted language layer's attention call reports through
 TEACHER_ATTENTION = "linvit_weight_tap"
 
@@ -101,10 +101,12 @@ def teacher_log_weights(q, k, scale: float, causal: bool, rows=None) -> torch.Te
     return torch.log_softmax(scores, dim=-1)
 
 
-def student_log_weights(fq, fk, causal: bool, rows=None, window=None, q=None, k=None, scale=None) -> torch.Tensor:
+def student_log_weights(
+    fq, fk, causal: bool, rows=None, window=None, q=None, k=None, scale=None, eps: float = EPS
+) -> torch.Tensor:
     """log A_lin of the queries rows, (B, H, R, N), floored at log MIN_WEIGHT (future keys -inf): phi(q_i).phi(k_j)
-    normalised over the keys (j <= i when causal); with a window W, exp(q_i.k_j scale) on i-W < j <= i, one
-    normaliser."""
+    normalised over the keys (j <= i when causal) with the layer's eps; with a window W, exp(q_i.k_j scale) on
+    i-W < j <= i, one normaliser."""
     dtype = accumulation_dtype(fq)
     products = _rows(fq, rows).to(dtype) @ fk.to(dtype).transpose(-2, -1)  # (B, H, R, N)
     j = torch.arange(fk.shape[2], device=fk.device)
@@ -113,7 +115,7 @@ def student_log_weights(fq, fk, causal: bool, rows=None, window=None, q=None, k=
     if window is None:
         if causal:
             products = products.masked_fill(j > i, 0.0)
-        weights = products / (products.sum(-1, keepdim=True) + EPS)
+        weights = products / (products.sum(-1, keepdim=True) + eps)
         logs = torch.log(weights.clamp_min(MIN_WEIGHT))
         return logs.masked_fill(j > i, float("-inf")) if causal else logs
     scores = _rows(q, rows).to(dtype) @ k.to(dtype).transpose(-2, -1) * scale
@@ -145,6 +147,7 @@ class Recorded:
     scale: float | None = None
     window: int | None = None
     causal: bool = False
+    eps: float = EPS  # the student layer's normaliser eps
 
 
 def layer_weight_loss(r: Recorded) -> torch.Tensor:
@@ -153,7 +156,7 @@ def layer_weight_loss(r: Recorded) -> torch.Tensor:
     with no_autocast(r.fq):
         with torch.no_grad():
             teacher = teacher_log_weights(r.teacher_q, r.teacher_k, r.teacher_scale, r.causal, rows)
-        student = student_log_weights(r.fq, r.fk, r.causal, rows, r.window, r.q, r.k, r.scale)
+        student = student_log_weights(r.fq, r.fk, r.causal, rows, r.window, r.q, r.k, r.scale, r.eps)
         ce, entropy = cross_entropy(teacher, student)
     return ce - entropy
 
@@ -209,7 +212,7 @@ class _VisionLayer:
             tq, tk = _heads(*frozen, x.detach(), m.num_heads)
         q, k = _heads(m.qkv, m.q_norm, m.k_norm, x, m.num_heads)
         fq, fk = _features(m, q, k, m.feature_map)
-        return Recorded(tq, tk, m.head_dim**-0.5, q, k, fq, fk)
+        return Recorded(tq, tk, m.head_dim**-0.5, q, k, fq, fk, eps=m.eps)
 
 
 class _LanguageLayer:
