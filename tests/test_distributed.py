@@ -49,7 +49,29 @@ def distill(data, out, strategy: str) -> list[str]:
     args = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=2"]
     args += ["num_heads=2", "num_classes=10", "--data", str(data), "--img-size", "32", "--epochs", "1"]
     args += ["--batch-size", "4", "--workers", "0", "--device", "cpu", "--no-progress", "--output", str(out)]
-    return [*args, "--strategy", strategy, "--mixer", "katz_infsa:hedgehog"]  # auto's pick differs by strategy
+    return [*args, "--strategy", strategy]  # --mixer auto: linear_attention:hedgehog (learned maps)
+
+
+def distill_language(root: Path, out, strategy: str) -> list[str]:
+    """Attention transfer alone (auto's window and stages) from a 1-block random GPT-2 into causal Katz-InfSA with
+    learned maps (auto's form): the loss reads each converted layer's output, not its block's."""
+    args = ["distill", "--teacher", f"hf:{root / 'gpt2'}", "--data", str(root / "text.txt"), "--context", "80"]
+    args += ["--train-windows", "8", "--batch-size", "2", "--workers", "0", "--device", "cpu", "--no-progress"]
+    return [*args, "--output", str(out), "--strategy", strategy]
+
+
+def language_teacher(root: Path) -> bool:
+    """A tiny GPT-2 and its text under root, where transformers is installed."""
+    try:
+        import transformers
+    except ImportError:
+        return False
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=256, n_positions=160, n_embd=32, n_layer=1, n_head=4)
+    config.bos_token_id = config.eos_token_id = 0
+    transformers.GPT2LMHeadModel(config).save_pretrained(root / "gpt2")
+    (root / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 120, encoding="utf-8")
+    return True
 
 
 def metrics(out: Path) -> list[dict]:
@@ -67,7 +89,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     data = root / "data"
     build_cluttered_mnist(data, canvas=32, per_class_train=4, per_class_val=2, clutter=1, progress=False)
-    names = ("ddp", "fsdp", "hsdp", "two_to_one", "one_to_two", "distill_ddp", "distill_fsdp")
+    names = ("ddp", "fsdp", "hsdp", "two_to_one", "one_to_two", "distill_ddp", "distill_fsdp", "lm_ddp", "lm_fsdp")
     out = {name: root / name for name in names}
     assert cli_main(train(data, out["one_to_two"], epochs=1, batch=2 * BATCH)) == 0
     commands = [
@@ -80,6 +102,8 @@ def runs(tmp_path_factory):
         distill(data, out["distill_ddp"], "ddp"),
         distill(data, out["distill_fsdp"], "fsdp"),
     ]
+    if language_teacher(root):
+        commands += [distill_language(root, out["lm_ddp"], "ddp"), distill_language(root, out["lm_fsdp"], "fsdp")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(RUNNER)]
     result = subprocess.run([*launch, json.dumps(commands)], env=env, capture_output=True, text=True, timeout=600)
@@ -206,6 +230,21 @@ def test_a_sharded_teacher_distills_the_same_student(runs):
             for key in ("train_loss", "val_loss", "teacher_val_loss"):
                 assert b[key] == pytest.approx(a[key], rel=1e-5), (stage, a["epoch"], key)
         assert_same_weights(out["distill_ddp"] / stage, out["distill_fsdp"] / stage)
+
+
+def test_a_sharded_language_student_learns_its_maps_as_ddps_does(runs):
+    """Attention transfer of a language student under fsdp (each converted layer sharded as a unit of its own,
+    sharding.mark_unit): before, its backward met resharded parameters ("setStorage ... out of bounds")."""
+    _, out, _ = runs
+    if not out["lm_ddp"].exists():
+        pytest.skip("transformers is not installed")
+    ddp, fsdp = metrics(out["lm_ddp"]), metrics(out["lm_fsdp"])
+    assert len(ddp) == len(fsdp) >= 1
+    for a, b in zip(ddp, fsdp, strict=True):
+        for key in ("train_loss", "val_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5), (a["epoch"], key)
+    assert_same_weights(out["lm_ddp"], out["lm_fsdp"])
+    assert any("feature_q" in k for k in weights(out["lm_fsdp"]))  # the learned maps trained and were saved
 
 
 def test_a_kill_between_the_sharded_saves_renames_resumes_from_last_old(tmp_path):

@@ -3,11 +3,10 @@
 The student's form ("auto"): image teachers get the anchor form, plain linear attention with learned (Hedgehog)
 maps, which kept more of its teacher than Katz-InfSA with the same maps on every vision row (3 seeds, 10% of the
 teachers' steps: 99.3 against 96.0% on `digit`, 100.1 against 92.4% on `max`, 96.6 against 86.7% on `digit` at
-64 tokens); under --strategy fsdp, which cannot train linear attention's learned maps yet, Katz-InfSA's, the best
-form it trains. Causal language models get Katz-InfSA with learned maps, linvit's infinite-hop form, which ties
-the measured best, the anchor's LoLCATs form, with the window below at 128 and 512 tokens (1.76 against 1.75%,
--0.21 against -0.21% loss gap); under fsdp, which cannot train a language student's learned maps yet, its fixed
-map. A resumed run keeps the form its folder stored (stored_mixer).
+64 tokens). Causal language models get Katz-InfSA with learned maps, linvit's infinite-hop form, which ties the
+measured best, the anchor's LoLCATs form, with the window below at 128 and 512 tokens (1.76 against 1.75%, -0.21
+against -0.21% loss gap). The pick does not depend on --strategy; a resumed run keeps the form its folder stored
+(stored_mixer).
 Causal language-model teachers with a stateful O(N) student form (causal Katz-InfSA, linear attention) get
 the sliding-window hybrid at LM_WINDOW tokens and spend the whole run on attention transfer: on the GPT-2 of
 docs/results.md (3 seeds, 10% of its steps), the end-to-end stage after transfer raised the windowed student's
@@ -21,9 +20,7 @@ from pathlib import Path
 from ..conversion.core import canonical_form
 
 IMAGE_MIXER = "linear_attention:hedgehog"
-SHARDED_IMAGE_MIXER = "katz_infsa:hedgehog"
 LANGUAGE_MIXER = "katz_infsa:hedgehog"
-SHARDED_LANGUAGE_MIXER = "katz_infsa"
 LM_WINDOW = 64  # LoLCATs' window, and the one measured (docs/results.md)
 WINDOW_FORMS = ("katz_infsa", "linear_attention")  # the causal forms whose state a window can delay
 AUTO = "auto"
@@ -47,15 +44,12 @@ def chosen_stages(stages: str, window: int | None) -> str:
     return "attention" if window is not None else "both"
 
 
-def chosen_mixer(mixer: str, language: bool, strategy: str) -> str:
-    """The student's form: the one asked for, or ("auto") the best measured for the teacher's kind that the
-    strategy trains (module docstring)."""
+def chosen_mixer(mixer: str, language: bool) -> str:
+    """The student's form: the one asked for, or ("auto") the one measured for the teacher's kind (module
+    docstring)."""
     if mixer != AUTO:
         return mixer
-    sharded = strategy == "fsdp"
-    if language:
-        return SHARDED_LANGUAGE_MIXER if sharded else LANGUAGE_MIXER
-    return SHARDED_IMAGE_MIXER if sharded else IMAGE_MIXER
+    return LANGUAGE_MIXER if language else IMAGE_MIXER
 
 
 def stored_mixer(output: str | None, resume: str | None) -> tuple[str, float] | None:

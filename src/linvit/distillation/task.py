@@ -29,10 +29,9 @@ from ..conversion.core import canonical_form
 from ..data import collate_images
 from ..data.splits import open_split
 from ..distributed import all_reduce_sum, barrier, distributed_session
-from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
+from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation, sharding
 from ..engine.sharding import is_sharded
 from ..errors import UsageError
-from ..layers.feature_maps import LEARNED_FEATURE_MAPS
 from ..mixers import conversion_forms, get_mixer
 from ..train import evaluate_classification
 from ..utils.artifacts import WEIGHTS
@@ -182,6 +181,8 @@ class Distillation(Task):
         if self.stage == "attention":
             trains = train_only_feature_maps if config.transfer_loss == "xent" else train_only_converted_layers
             trains(teacher.model, student)
+            for _, _, layer in pairs:  # the loss reads each layer's output: under fsdp each is a unit of its own
+                sharding.mark_unit(layer)
         elif config.lora_rank:
             student = with_lora(student, config.lora_rank, [layer for _, _, layer in pairs])
         teacher.model.to(device)
@@ -400,8 +401,8 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
             mixer, gamma = stored
             config = config.replace(mixer=mixer, gamma_init=gamma if config.gamma_init is None else config.gamma_init)
         else:
-            config = config.replace(mixer=chosen_mixer(config.mixer, language, config.strategy))
-            chosen.append(f"--mixer {config.mixer}" + (" (fsdp)" if config.strategy == "fsdp" else ""))
+            config = config.replace(mixer=chosen_mixer(config.mixer, language))
+            chosen.append(f"--mixer {config.mixer}")
     check_sharded_student(config, language)
     window = chosen_window(config.window, config.mixer, language)
     stages = chosen_stages(config.stages, window if language else None)  # transfer only: measured on LMs only
@@ -417,21 +418,10 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
 
 
 def check_sharded_student(config: DistillConfig, language: bool) -> None:
-    """A one-line refusal for what --strategy fsdp cannot train yet (every rank reads the same config): learned
-    feature maps in linear attention and in language students (their backward under FSDP2 reads a freed
-    parameter, "setStorage ... out of bounds"; an image Katz-InfSA student with them trains, tests/
-    test_distributed.py), and the attention-weight loss of an image student (it reads the student's projections
-    after the forward, when they are sharded again)."""
-    if config.strategy != "fsdp":
-        return
-    form, _, option = canonical_form(config.mixer).partition(":")
-    if option in LEARNED_FEATURE_MAPS and (language or form == "linear_attention"):
-        raise UsageError(
-            f"--strategy fsdp cannot train the learned feature maps of --mixer {config.mixer} "
-            f"{'for a language teacher ' if language else ''}yet; use --strategy ddp"
-            + ("" if language else ", or --mixer katz_infsa:hedgehog")
-        )
-    if config.transfer_loss != "mse" and not language:
+    """A one-line refusal for what --strategy fsdp cannot train yet (every rank reads the same config): the
+    attention-weight loss of an image student (it reads the student's projections after the forward, when they
+    are sharded again)."""
+    if config.strategy == "fsdp" and config.transfer_loss != "mse" and not language:
         raise UsageError(f"--strategy fsdp takes --transfer-loss {config.transfer_loss} for language teachers only")
 
 

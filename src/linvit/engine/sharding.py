@@ -19,6 +19,7 @@ from ..errors import UsageError
 from ..utils.artifacts import layout_of, write_safetensors
 
 STRATEGIES = ("ddp", "fsdp")
+SHARD_UNIT = "_linvit_shard_unit"  # a module attribute: shard this module as its own unit (mark_unit)
 BLOCK_LISTS = ("blocks", "layers", "h")  # timm's ViTs and stages, HF decoders (model.layers, GPT-2's h)
 
 
@@ -55,14 +56,22 @@ def set_grad_checkpointing(model: nn.Module) -> None:
         module.set_grad_checkpointing(True)
 
 
+def mark_unit(module: nn.Module) -> None:
+    """Shard module as a unit of its own, inside its block: a task whose loss reads the module's output directly
+    (distill's attention transfer reads each converted layer's) needs FSDP2's pre-backward hook on that output,
+    or backward meets the block's parameters resharded ("setStorage ... out of bounds for storage of size 0")."""
+    setattr(module, SHARD_UNIT, True)
+
+
 def blocks(model: nn.Module) -> list[nn.Module]:
     """The modules fsdp shards one by one: the items of every ModuleList or Sequential named in BLOCK_LISTS
-    (nested ones included: a hierarchical model's stages and their blocks), outermost first."""
+    (nested ones included: a hierarchical model's stages and their blocks), outermost first, then the modules
+    mark_unit flagged (inside those blocks)."""
     found = []
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] in BLOCK_LISTS and isinstance(module, (nn.ModuleList, nn.Sequential)):
             found.extend(module)
-    return found
+    return found + [m for m in model.modules() if getattr(m, SHARD_UNIT, False) and m is not model]
 
 
 def mixed_precision(amp: str):
