@@ -246,6 +246,8 @@ def _config_value(p: argparse.ArgumentParser, action: argparse.Action, value, pa
     if value is None:
         return None
     takes_values = action.nargs in ("+", "*") or (isinstance(action.nargs, int) and action.nargs > 0)
+    if not takes_values and action.nargs != 0 and isinstance(value, (list, dict)):  # `lr: [0.1, 0.2]`
+        p.error(f"--config {path}: {action.dest}: expected one value, got {value!r}")
     many = takes_values and not isinstance(value, dict)
     items = value if isinstance(value, list) and action.nargs is not None else [value]
     parsed = []

@@ -122,13 +122,23 @@ def test_newer_commands_reject_bad_inputs_in_one_line(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]
 
 
-@pytest.mark.parametrize("value", ["0.5", "[0.5]", "[0.1, 0.5, 1.0]"])
-def test_a_config_value_of_the_wrong_length_for_a_two_value_flag_is_one_line(tmp_path, capsys, value):
-    """`scale: 0.5` in --config ended in an IndexError inside timm's transform once the run had started."""
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ("scale: 0.5", "expected a list of 2 values"),
+        ("scale: [0.5]", "expected a list of 2 values"),
+        ("scale: [0.1, 0.5, 1.0]", "expected a list of 2 values"),
+        ("lr: [0.1, 0.2]", "expected one value"),
+        ("epochs: {a: 1}", "expected one value"),
+    ],
+)
+def test_a_config_value_of_the_wrong_shape_is_one_line(tmp_path, capsys, line, said):
+    """`scale: 0.5` in --config ended in an IndexError inside timm's transform once the run had started, and
+    `lr: [0.1, 0.2]` in a TypeError."""
     config = tmp_path / "run.yaml"
-    config.write_text(f"scale: {value}\n")
+    config.write_text(line + "\n")
     argv = ["train", "--model", "vit_4l_patch16_224", "--data", "digits:digit", "--config", str(config)]
-    _fails_cleanly([*argv, "--output", str(tmp_path / "run")], capsys, "scale", "expected a list of 2 values")
+    _fails_cleanly([*argv, "--output", str(tmp_path / "run")], capsys, line.split(":")[0], said)
     assert not (tmp_path / "run").exists()
 
 
@@ -160,13 +170,22 @@ def test_a_config_of_switches_and_a_runs_args_yaml_still_parse(tmp_path):
 
 
 def test_model_kwargs_train_leaves_open_are_theirs_to_give():
+    """And a timm teacher's --model-kwargs meet distill's --img-size the same way (a duplicate-keyword TypeError
+    before)."""
+    from linvit.distillation import load_teacher
     from linvit.train import with_model_kwargs
 
     built = {"img_size": None, "num_classes": 10, "drop_path_rate": 0.1, "pretrained_file": None}
-    assert with_model_kwargs(built, {"img_size": 64})["img_size"] == 64  # --img-size not given
+    with pytest.raises(UsageError, match="give it as --img-size"):  # alone it would size the model, not the data
+        with_model_kwargs(built, {"img_size": 64})
+    assert with_model_kwargs(built, {"pretrained_file": "w.pth"})["pretrained_file"] == "w.pth"  # left open
     assert with_model_kwargs({**built, "img_size": [32]}, {"img_size": [32, 32]})["img_size"] == [32, 32]  # one size
     with pytest.raises(UsageError, match="drop_path_rate is set by --drop-path"):
         with_model_kwargs(built, {"drop_path_rate": 0.2})
+    tiny = {"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}
+    with pytest.raises(UsageError, match="img_size is set by --img-size"):
+        load_teacher("vit_4l_patch16_224", model_kwargs={**tiny, "img_size": 64}, img_size=[32])
+    assert load_teacher("vit_4l_patch16_224", model_kwargs={**tiny, "img_size": 32}, img_size=[32]).model is not None
 
 
 def test_model_kwargs_that_contradict_trains_own_settings_are_one_line(tmp_path, capsys):

@@ -121,6 +121,8 @@ def test_attention_transfer_trains_only_the_converted_layers_and_lowers_its_loss
     assert any("attn.feature_q" in k for k in changed) and any("attn.feature_k" in k for k in changed)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    # the size it learned at (--img-size), not the timm teacher's 224: eval and predict preprocess as it trained
+    assert tuple(linvit.load_run(tmp_path / "run").pretrained_cfg["input_size"]) == (3, 32, 32)
     assert {"val_top1", "teacher_val_top1", "retention"} <= set(rows[-1])
 
 

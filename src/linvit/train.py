@@ -123,15 +123,17 @@ SET_BY = {
 }
 
 
-def with_model_kwargs(built: dict, extra: dict) -> dict:
+def with_model_kwargs(built: dict, extra: dict, set_by: dict = SET_BY) -> dict:
     """The kwargs train builds its model with, and --model-kwargs: a value train leaves open (None) is the
-    kwarg's to give; one train sets is refused in one line where the kwarg says otherwise (a duplicate keyword
-    was a TypeError inside timm)."""
+    kwarg's to give, but for img_size (--img-size sizes the data too); one train sets is refused in one line
+    where the kwarg says otherwise (a duplicate keyword was a TypeError inside timm)."""
     for name, value in extra.items():
         own = built.get(name)
+        if name == "img_size" and own is None:  # the model alone at that size would get data at its default
+            raise UsageError(f"--model-kwargs img_size={value}: give it as --img-size (it sizes the data too)")
         if own is not None and _as_size(name, value) != _as_size(name, own):
             raise UsageError(
-                f"--model-kwargs {name}={value}: {name} is set by {SET_BY[name]} ({own}); drop it from --model-kwargs"
+                f"--model-kwargs {name}={value}: {name} is set by {set_by[name]} ({own}); drop it from --model-kwargs"
             )
     return {**built, **extra}
 

@@ -234,7 +234,7 @@ class Distillation(Task):
         info["language"] = self.teacher.language
         info.update(world_size=run.world, lr=c.lr, device=str(run.device))
         if not self.teacher.language:
-            info.update(num_classes=self.num_classes, data_config=self.teacher.data_config)
+            info.update(num_classes=self.num_classes, data_config=self.data_config)
         return info
 
     def summary(self, run: Run) -> str:
@@ -257,6 +257,7 @@ def _image_parts(task: Distillation, config: DistillConfig, rank: int, world: in
     if config.img_size:
         side = config.img_size
         data_config["input_size"] = (3, side[0], side[-1])
+    task.data_config = data_config  # the student's model folder records the size it learned at, not the teacher's
     transform = create_transform(**data_config, is_training=False)
     train = open_split(config.data, config.train_split, transform, unreadable="replace")
     val = open_split(config.data, config.val_split, transform)

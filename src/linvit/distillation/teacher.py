@@ -58,9 +58,14 @@ def load_teacher(spec: str, file: str | None = None, pretrained: bool = False, m
     elif Path(spec).exists():
         teacher = _run_folder(spec, file)
     else:
+        from ..train import with_model_kwargs
+
         kwargs = dict(model_kwargs or {})
         kwargs["pretrained"] = kwargs.get("pretrained", False) or pretrained  # the CLI folds --pretrained in
-        model = create_model(spec, img_size=height_width(img_size), pretrained_file=file, **kwargs)
+        own = {"img_size": height_width(img_size), "pretrained_file": file}
+        model = create_model(
+            spec, **with_model_kwargs(own, kwargs, {"img_size": "--img-size", "pretrained_file": "--teacher-file"})
+        )
         teacher = Teacher(model, False, _timm_data_config(model), label_names=_timm_label_names(model))
     teacher.model.eval().requires_grad_(False)
     return teacher
