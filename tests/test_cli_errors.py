@@ -196,6 +196,10 @@ def test_model_kwargs_that_contradict_trains_own_settings_are_one_line(tmp_path,
     _fails_cleanly([*argv, "num_classes=3", "--output", str(tmp_path / "a")], capsys, "num_classes is set by --data")
     _fails_cleanly([*argv, "img_size=64", "--output", str(tmp_path / "b")], capsys, "img_size is set by --img-size")
     assert cli_main([*argv, "num_classes=10", "img_size=32", "--output", str(tmp_path / "c")]) == 0
+    capsys.readouterr()
+    again = [*argv, "num_classes=10", "img_size=32", "--output", str(tmp_path / "c"), "--resume", "auto"]
+    assert cli_main(again) == 0  # a finished run: says so
+    assert "nothing left to train: the run has its 1 epochs" in capsys.readouterr().out
 
 
 def test_a_coco_file_naming_missing_images(tmp_path, capsys):

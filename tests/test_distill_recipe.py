@@ -139,3 +139,18 @@ def test_fsdp_refuses_in_one_line_what_it_cannot_train_yet(tmp_path, mixer, loss
     with pytest.raises(UsageError, match=match):
         run_distill(config)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_named_teacher_without_weights_is_warned_about(tmp_path):
+    """A timm or torchvision name with neither --pretrained nor --teacher-file is a random model: its student
+    keeps "100%" of nothing, so the run says so; a run folder, an hf: model or given weights are not warned."""
+    from linvit.distillation.task import random_teacher_warning
+
+    base = DistillConfig(teacher="vit_4l_patch16_224", mixer="katz_infsa")
+    assert "has random weights" in random_teacher_warning(base)
+    assert "has random weights" in random_teacher_warning(base.replace(teacher="torchvision:vit_b_16"))
+    assert random_teacher_warning(base.replace(pretrained=True)) is None
+    assert random_teacher_warning(base.replace(model_kwargs={"pretrained": True})) is None  # the CLI's fold
+    assert random_teacher_warning(base.replace(teacher_file="w.pth")) is None
+    assert random_teacher_warning(base.replace(teacher=str(tmp_path))) is None  # a folder: a run's weights
+    assert random_teacher_warning(base.replace(teacher="hf:gpt2")) is None

@@ -426,13 +426,26 @@ def check_sharded_student(config: DistillConfig, language: bool) -> None:
         raise UsageError(f"--strategy fsdp takes --transfer-loss {config.transfer_loss} for language teachers only")
 
 
+def random_teacher_warning(config: DistillConfig) -> str | None:
+    """A line for a timm or torchvision name given without weights: its student would learn a random model (and
+    keep "100%" of it)."""
+    spec = config.teacher
+    named = not spec.startswith("hf:") and not Path(spec).exists()
+    if not named or config.pretrained or config.teacher_file or config.model_kwargs.get("pretrained"):
+        return None
+    return (
+        f"linvit distill: warning: --teacher {spec} has random weights (no --pretrained, no --teacher-file): "
+        "its student learns a random model"
+    )
+
+
 def run_distill(config: DistillConfig) -> nn.Module:
     """`linvit distill`: every stage in turn (each resumes with --resume); returns the final student."""
     if config.teacher is None or config.data is None or config.output is None:
         raise UsageError("distill needs a teacher, data and an output folder")
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
     config, chosen = with_recipe(config)
-    for notice in (chosen, skipped_stage_settings(config)):
+    for notice in (chosen, skipped_stage_settings(config), random_teacher_warning(config)):
         if notice and int(os.environ.get("RANK", "0")) == 0:  # once under torchrun (before the process group exists)
             print(notice, file=sys.stderr)
     start = None

@@ -192,6 +192,8 @@ def resume_run(run, unused: frozenset[str] = frozenset()) -> tuple[int, list[dic
     if run.rank == 0:
         atomic_write_text("".join(json.dumps(h) + "\n" for h in history), run.output / METRICS)
         print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
+        if ckpt["epoch"] + 1 >= run.config.epochs:
+            print(f"nothing left to train: the run has its {run.config.epochs} epochs (a longer --epochs continues it)")
         for line in (world_line, strategy_change(saved, is_sharded, run.config.strategy)):
             if line:
                 print(line)
