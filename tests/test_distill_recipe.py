@@ -76,7 +76,7 @@ def test_an_image_run_with_no_mixer_says_which_it_chose_and_starts_it_at_its_dis
     assert (open_config.mixer, open_config.gamma_init) == ("auto", None)  # both wait for the teacher
     config, notice = with_recipe(open_config)
     assert (config.mixer, config.gamma_init) == (IMAGE_MIXER, default_gamma(IMAGE_MIXER))
-    assert notice == f"linvit distill: an image teacher: --mixer {IMAGE_MIXER} (docs/distill.md, Defaults)"
+    assert notice == f"linvit distill: an image teacher: --mixer {IMAGE_MIXER} (docs/distill.md#defaults)"
     config, _ = with_recipe(DistillConfig(teacher="vit_4l_patch16_224", strategy="fsdp"))
     assert config.mixer == IMAGE_MIXER  # the strategy does not change the model
 

@@ -415,7 +415,7 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     if not chosen:
         return config, None
     kind = "a causal language model" if language else "an image"
-    return config, f"linvit distill: {kind} teacher: {' '.join(chosen)} (docs/distill.md, Defaults)"
+    return config, f"linvit distill: {kind} teacher: {' '.join(chosen)} (docs/distill.md#defaults)"
 
 
 def check_sharded_student(config: DistillConfig, language: bool) -> None:
