@@ -102,9 +102,9 @@ def run_eval(config: EvalConfig) -> dict:
 def evaluate_onnx(config) -> dict:
     """`linvit eval --checkpoint FILE.onnx`: top-1 / top-5 / loss of the exported classifier in onnxruntime
     (CPU), with the preprocessing stored in the file; config is linvit.evaluate.EvalConfig."""
-    from .onnx_runtime import OnnxClassifier
+    from .onnx_runtime import OnnxClassifier, refuse_pytorch_flags
 
-    _refuse_pytorch_flags_for_onnx(config)
+    refuse_pytorch_flags(config, **{"--convert": config.convert is not None, "--ema": config.ema is not None})
     model = OnnxClassifier(config.checkpoint)
     classes = class_count(config.data, config.split)
     if classes != model.num_classes:
@@ -129,20 +129,3 @@ def _report(metrics: dict, json_path: str | None) -> None:
     )
     if json_path:
         write_json(json_path, metrics)
-
-
-def _refuse_pytorch_flags_for_onnx(config) -> None:
-    """Flags that change how PyTorch builds or runs a model mean nothing for an exported graph: say so."""
-    given = {
-        "--model": config.model is not None,
-        "--model-kwargs": bool(config.model_kwargs),
-        "--pretrained": config.pretrained,
-        "--convert": config.convert is not None,
-        "--ema": config.ema is not None,
-        "--amp": config.amp != "none",
-        "--compile": config.compile != "off",
-        "--device": config.device not in ("auto", "cpu"),
-    }
-    bad = [flag for flag, on in given.items() if on]
-    if bad:
-        raise UsageError(f"{', '.join(bad)}: not for an .onnx file (it runs in onnxruntime on CPU as exported)")

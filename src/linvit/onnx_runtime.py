@@ -103,6 +103,24 @@ def _file_metadata(path: Path) -> dict | None:
     return None
 
 
+def refuse_pytorch_flags(config, **more: bool) -> None:
+    """One line naming the flags given that change how PyTorch builds or runs a model (config: an eval or predict
+    config; more: the command's own, e.g. ``{"--maps": ...}``): an exported graph runs in onnxruntime as exported."""
+    folded = {"pretrained"} if config.pretrained else set()  # the CLI folds --pretrained into the kwargs
+    given = {
+        "--model": config.model is not None,
+        "--model-kwargs": any(k not in folded for k in config.model_kwargs),
+        "--pretrained": config.pretrained or bool(config.model_kwargs.get("pretrained")),
+        **more,
+        "--amp": config.amp != "none",
+        "--compile": config.compile != "off",
+        "--device": config.device not in ("auto", "cpu"),
+    }
+    bad = [flag for flag, on in given.items() if on]
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: not for an .onnx file (it runs in onnxruntime on CPU as exported)")
+
+
 def cpu_session(path: Path, threads: int | None = None):
     """An onnxruntime CPU session for path (intra-op threads as given, else onnxruntime's default)."""
     ort = require_onnxruntime("running ONNX files")

@@ -30,7 +30,7 @@ from ..data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
 from ..distributed import resolve_device
 from ..errors import UsageError
 from ..models import patch_size
-from ..onnx_runtime import OnnxClassifier
+from ..onnx_runtime import OnnxClassifier, refuse_pytorch_flags
 from ..utils.runtime import autocast
 from .output import OutputPaths, check_out_file, report_skipped, write_jsonl
 
@@ -154,20 +154,7 @@ def exported_classifier(config: PredictConfig) -> nn.Module:
     """An .onnx file of `linvit export` in onnxruntime (CPU), with the preprocessing and class names stored in
     it; flags that change how PyTorch runs a model, and what needs the PyTorch model (maps, native sizes), are
     refused in one line."""
-    folded = {"pretrained": True} if config.pretrained else {}  # the CLI folds --pretrained into the kwargs
-    given = {
-        "--model": config.model is not None,
-        "--model-kwargs": bool({k: v for k, v in config.model_kwargs.items() if k not in folded}),
-        "--pretrained": config.pretrained or bool(config.model_kwargs.get("pretrained")),
-        "--native": config.native,
-        "--maps": config.maps is not None,
-        "--amp": config.amp != "none",
-        "--compile": config.compile != "off",
-        "--device": config.device not in ("auto", "cpu"),
-    }
-    bad = [flag for flag, on in given.items() if on]
-    if bad:
-        raise UsageError(f"{', '.join(bad)}: not for an .onnx file (it runs in onnxruntime on CPU as exported)")
+    refuse_pytorch_flags(config, **{"--native": config.native, "--maps": config.maps is not None})
     model = OnnxClassifier(config.checkpoint)
     if config.img_size is not None:
         model.data_config(config.img_size)  # a size the graph does not take is one line here, not an onnx error
