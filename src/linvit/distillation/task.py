@@ -360,8 +360,11 @@ class NextTokenLoss(Metric):
 
 
 def stage_configs(config: DistillConfig) -> list[tuple[str, DistillConfig]]:
-    """(stage, its config): the last stage writes OUT, attention transfer before it OUT/attention."""
-    transfer = {"epochs": config.transfer_epochs, "lr": config.transfer_lr}
+    """(stage, its config): the last stage writes OUT, attention transfer before it OUT/attention.
+
+    Attention transfer never checkpoints blocks: it runs each converted layer on its teacher layer's input (a
+    forward hook), and a block recomputed in backward would run it on its own input (CheckpointError)."""
+    transfer = {"epochs": config.transfer_epochs, "lr": config.transfer_lr, "grad_checkpointing": False}
     if config.stages == "attention":
         return [("attention", config.replace(**transfer))]
     if config.stages == "end-to-end":
@@ -377,6 +380,17 @@ STAGE_HINTS = {
     "attention": "runs attention transfer only (its length and rate are --transfer-epochs, --transfer-lr)",
     "end-to-end": "runs the end-to-end stage only (its length and rate are --epochs, --lr)",
 }
+
+
+def checkpointing_notice(config: DistillConfig) -> str | None:
+    """A line where --grad-checkpointing meets attention transfer, which runs without it (stage_configs)."""
+    if not config.grad_checkpointing or config.stages == "end-to-end":
+        return None
+    where = "ignored: --stages attention" if config.stages == "attention" else "applies to the end-to-end stage only"
+    return (
+        f"linvit distill: --grad-checkpointing {where} (attention transfer runs each converted layer on its teacher "
+        "layer's input, which a recomputed block would not see)"
+    )
 
 
 def skipped_stage_settings(config: DistillConfig) -> str | None:
@@ -445,7 +459,8 @@ def run_distill(config: DistillConfig) -> nn.Module:
         raise UsageError("distill needs a teacher, data and an output folder")
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
     config, chosen = with_recipe(config)
-    for notice in (chosen, skipped_stage_settings(config), random_teacher_warning(config)):
+    notices = (chosen, skipped_stage_settings(config), checkpointing_notice(config), random_teacher_warning(config))
+    for notice in notices:
         if notice and int(os.environ.get("RANK", "0")) == 0:  # once under torchrun (before the process group exists)
             print(notice, file=sys.stderr)
     start = None
