@@ -161,6 +161,19 @@ def test_the_blocks_are_sharded_one_by_one():
     assert sharding.blocks(model) == [*model.blocks, model.stages[0].blocks[0]]
 
 
+def test_marked_units_are_sharded_once_and_after_the_modules_inside_them():
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.nn.Linear(2, 2)])
+    model.neck = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    inner = model.blocks[0][0]
+    for unit in (inner, model.blocks[1], model.neck):  # inside a block, a block itself, one holding no block
+        sharding.mark_unit(unit)
+    found = sharding.blocks(model)
+    assert len(found) == len({id(m) for m in found}) == 4
+    assert found.index(model.blocks[0]) < found.index(inner)  # shard() wraps in reverse: the inner one first
+    assert set(map(id, found)) == set(map(id, [*model.blocks, inner, model.neck]))
+
+
 @pytest.mark.parametrize("name", ["two_to_one", "one_to_two"])
 def test_a_resume_at_another_world_size_continues_the_run(runs, name):
     _, out, stdout = runs

@@ -56,6 +56,9 @@ def set_grad_checkpointing(model: nn.Module) -> None:
         module.set_grad_checkpointing(True)
 
 
+LISTS = (nn.ModuleList, nn.Sequential)
+
+
 def mark_unit(module: nn.Module) -> None:
     """Shard module as a unit of its own, inside its block: a task whose loss reads the module's output directly
     (distill's attention transfer reads each converted layer's) needs FSDP2's pre-backward hook on that output,
@@ -64,14 +67,18 @@ def mark_unit(module: nn.Module) -> None:
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
-    """The modules fsdp shards one by one: the items of every ModuleList or Sequential named in BLOCK_LISTS
-    (nested ones included: a hierarchical model's stages and their blocks), outermost first, then the modules
-    mark_unit flagged (inside those blocks)."""
-    found = []
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] in BLOCK_LISTS and isinstance(module, (nn.ModuleList, nn.Sequential)):
-            found.extend(module)
-    return found + [m for m in model.modules() if getattr(m, SHARD_UNIT, False) and m is not model]
+    """The modules fsdp shards one by one, each once, outermost first (shard() wraps them in reverse, so a module
+    after the modules inside it): the items of every ModuleList or Sequential named in BLOCK_LISTS (nested ones
+    included: a hierarchical model's stages and their blocks) and the modules mark_unit flagged."""
+    lists = {
+        id(m) for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in BLOCK_LISTS and isinstance(m, LISTS)
+    }
+    depth: dict[int, tuple[int, nn.Module]] = {}  # id -> (depth of its qualified name, module)
+    for name, module in model.named_modules(remove_duplicate=True):
+        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        if (id(parent) in lists or getattr(module, SHARD_UNIT, False)) and module is not model:
+            depth.setdefault(id(module), (name.count("."), module))
+    return [module for _, module in sorted(depth.values(), key=lambda entry: entry[0])]
 
 
 def mixed_precision(amp: str):
