@@ -70,9 +70,7 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     """The modules fsdp shards one by one, each once, outermost first (shard() wraps them in reverse, so a module
     after the modules inside it): the items of every ModuleList or Sequential named in BLOCK_LISTS (nested ones
     included: a hierarchical model's stages and their blocks) and the modules mark_unit flagged."""
-    lists = {
-        id(m) for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in BLOCK_LISTS and isinstance(m, LISTS)
-    }
+    lists = {id(m) for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in BLOCK_LISTS and isinstance(m, LISTS)}
     depth: dict[int, tuple[int, nn.Module]] = {}  # id -> (depth of its qualified name, module)
     for name, module in model.named_modules(remove_duplicate=True):
         parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
