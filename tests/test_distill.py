@@ -350,7 +350,7 @@ def test_stages_go_to_their_folders():
     assert [s for s, _ in stage_configs(config.replace(stages="end-to-end"))] == ["end-to-end"]
 
 
-def test_grad_checkpointing_distils_checkpointing_the_end_to_end_stage_only(digits, tmp_path, capsys, monkeypatch):
+def test_grad_checkpointing_checkpoints_the_end_to_end_stage_and_a_finished_run_names_each_stages_flag(digits, tmp_path, capsys, monkeypatch):
     from linvit.engine import sharding
 
     checkpointed = []
@@ -371,6 +371,10 @@ def test_grad_checkpointing_distils_checkpointing_the_end_to_end_stage_only(digi
     assert len(checkpointed) == 1 and checkpointed[0].student.grad_checkpointing  # the end-to-end stage's
     assert "--grad-checkpointing applies to the end-to-end stage only" in capsys.readouterr().err
     assert [c.grad_checkpointing for _, c in stage_configs(config)] == [False, True]
+    run_distill(config.replace(resume="auto"))  # finished: each stage names the flag that lengthens it
+    out = capsys.readouterr().out
+    assert "has its 1 epochs (a longer --transfer-epochs continues it)" in out
+    assert "has its 1 epochs (a longer --epochs continues it)" in out
 
 
 def test_settings_of_a_stage_not_run_are_named_not_dropped(digits, tmp_path, capsys):

@@ -152,5 +152,8 @@ def test_a_named_teacher_without_weights_is_warned_about(tmp_path):
     assert random_teacher_warning(base.replace(pretrained=True)) is None
     assert random_teacher_warning(base.replace(model_kwargs={"pretrained": True})) is None  # the CLI's fold
     assert random_teacher_warning(base.replace(teacher_file="w.pth")) is None
+    tv = base.replace(teacher="torchvision:vit_b_16")
+    assert random_teacher_warning(tv.replace(model_kwargs={"weights": "DEFAULT"})) is None  # torchvision's own
+    assert "has random weights" in random_teacher_warning(tv.replace(model_kwargs={"weights": None}))
     assert random_teacher_warning(base.replace(teacher=str(tmp_path))) is None  # a folder: a run's weights
     assert random_teacher_warning(base.replace(teacher="hf:gpt2")) is None

@@ -7,6 +7,7 @@ teachers' steps: 99.3 against 96.0% on `digit`, 100.1 against 92.4% on `max`, 96
 measured best, the anchor's LoLCATs form, with the window below at 128 and 512 tokens (1.76 against 1.75%, -0.21
 against -0.21% loss gap). The pick does not depend on --strategy; a resumed run keeps the form its folder stored
 (stored_mixer).
+
 Causal language-model teachers with a stateful O(N) student form (causal Katz-InfSA, linear attention) get
 the sliding-window hybrid at LM_WINDOW tokens and spend the whole run on attention transfer: on the GPT-2 of
 docs/results.md (3 seeds, 10% of its steps), the end-to-end stage after transfer raised the windowed student's

@@ -191,6 +191,9 @@ class Distillation(Task):
         model = Distiller(student, teacher.model, taps, self.stage, config, teacher.language)
         return Parts(model, train_set, val_loader, collate, labels)
 
+    def epochs_flag(self) -> str:
+        return "--transfer-epochs" if self.stage == "attention" else "--epochs"
+
     def unused_settings(self, config: DistillConfig) -> frozenset[str]:
         """What --resume does not hold against this stage: the other stage's settings. Attention transfer's length
         and rate arrive as its epochs and lr (stage_configs), which follow a new plan as the trainer's do."""
@@ -445,7 +448,8 @@ def random_teacher_warning(config: DistillConfig) -> str | None:
     keep "100%" of it)."""
     spec = config.teacher
     named = not spec.startswith("hf:") and not Path(spec).exists()
-    if not named or config.pretrained or config.teacher_file or config.model_kwargs.get("pretrained"):
+    kwargs = config.model_kwargs  # timm's pretrained=True, torchvision's weights=DEFAULT
+    if not named or config.pretrained or config.teacher_file or kwargs.get("pretrained") or kwargs.get("weights"):
         return None
     return (
         f"linvit distill: warning: --teacher {spec} has random weights (no --pretrained, no --teacher-file): "

@@ -97,6 +97,10 @@ class Task:
         """Config fields this task's run never reads: a resume may change them (they touched no state)."""
         return frozenset()
 
+    def epochs_flag(self) -> str:
+        """The flag that sets this run's epochs (what a message tells a user to lengthen)."""
+        return "--epochs"
+
     def frozen_models(self) -> list[nn.Module]:
         """Models the task runs but does not train (distillation's teacher): fsdp shards them as it does the
         model, with no gradients or optimizer state, so a teacher too large for one device still teaches."""
@@ -177,7 +181,7 @@ def build_run(task: Task, config: TrainConfig, output: Path, rank: int, world: i
     lr = task.learning_rate(config, world)
     optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr)
     run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)
-    run.start_epoch, run.history = resume_run(run, task.unused_settings(config))
+    run.start_epoch, run.history = resume_run(run, task.unused_settings(config), task.epochs_flag())
     if rank == 0:
         record.write_run_config(output, config)
         print(task.summary(run))

@@ -165,7 +165,7 @@ def read_checkpoint(path: Path, is_sharded: bool | None = None, mmap: bool = Fal
     return ckpt
 
 
-def resume_run(run, unused: frozenset[str] = frozenset()) -> tuple[int, list[dict]]:
+def resume_run(run, unused: frozenset[str] = frozenset(), epochs_flag: str = "--epochs") -> tuple[int, list[dict]]:
     """Restore a Run's state from the checkpoint its --resume finds; returns (start epoch, history).
 
     A run whose schedule flags differ from the checkpoint's keeps the scheduler built from its own config, so
@@ -193,7 +193,8 @@ def resume_run(run, unused: frozenset[str] = frozenset()) -> tuple[int, list[dic
         atomic_write_text("".join(json.dumps(h) + "\n" for h in history), run.output / METRICS)
         print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
         if ckpt["epoch"] + 1 >= run.config.epochs:
-            print(f"nothing left to train: the run has its {run.config.epochs} epochs (a longer --epochs continues it)")
+            epochs = run.config.epochs
+            print(f"nothing left to train: the run has its {epochs} epochs (a longer {epochs_flag} continues it)")
         for line in (world_line, strategy_change(saved, is_sharded, run.config.strategy)):
             if line:
                 print(line)
