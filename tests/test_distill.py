@@ -350,7 +350,9 @@ def test_stages_go_to_their_folders():
     assert [s for s, _ in stage_configs(config.replace(stages="end-to-end"))] == ["end-to-end"]
 
 
-def test_grad_checkpointing_checkpoints_the_end_to_end_stage_and_a_finished_run_names_each_stages_flag(digits, tmp_path, capsys, monkeypatch):
+def test_grad_checkpointing_covers_end_to_end_only_and_a_finished_stage_names_its_flag(
+    digits, tmp_path, capsys, monkeypatch
+):
     from linvit.engine import sharding
 
     checkpointed = []
