@@ -138,6 +138,20 @@ def test_dead_head_monitor_counts_on_the_device():
     assert again.values(torch.device("cpu")).tolist() == [0.0] * 8
 
 
+def test_the_dead_head_monitor_reports_nothing_for_layers_that_cannot_die():
+    """Katz-InfSA with learned (positive) features never has all-zero scores and records no image: its runs'
+    metrics had "dead_share None"; a ReLU one beside it is reported alone."""
+    from linvit.layers import KatzInfSAAttention
+
+    learned, relu = KatzInfSAAttention(24, 3, feature_map="hedgehog"), KatzInfSAAttention(24, 3)
+    stats = DeadHeadStats(learned)
+    learned(torch.randn(2, 7, 24))
+    assert stats.record(stats.values(torch.device("cpu")).tolist()) == {}
+    stats = DeadHeadStats(torch.nn.ModuleList([learned, relu]))
+    learned(torch.randn(2, 7, 24)), relu(torch.zeros(2, 7, 24))  # no qkv bias: all-zero ReLU features
+    assert stats.record(stats.values(torch.device("cpu")).tolist()) == {"dead_share": 1.0, "dead_heads": 3}
+
+
 def test_compiled_training_with_the_dead_head_monitor_compiles_once():
     """The monitor adds in place to a tensor that lives across steps: a compiled training step is not recompiled
     (a Python counter or a None-or-tensor attribute made every step a new graph)."""

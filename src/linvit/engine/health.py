@@ -40,13 +40,15 @@ class DeadHeadStats:
             return {}
         pairs = dead_pairs = dead_heads = 0.0
         offset = 0
-        for layer in self.layers:
+        for layer in self.layers:  # a layer that records nothing (Katz with learned or ELU + 1 features) adds 0
             counts, images = values[offset : offset + layer.num_heads], values[offset + layer.num_heads]
             offset += layer.num_heads + 1
             pairs += images * layer.num_heads
             dead_pairs += sum(counts)
             dead_heads += sum(images > 0 and c >= DEAD_HEAD * images for c in counts)
-        return {"dead_share": dead_pairs / pairs if pairs else None, "dead_heads": int(dead_heads)}
+        if not pairs:  # no layer can have all-zero scores: nothing to report (was "dead_share None")
+            return {}
+        return {"dead_share": dead_pairs / pairs, "dead_heads": int(dead_heads)}
 
 
 class GradNormStats:
