@@ -33,6 +33,9 @@ def test_find_images_takes_files_folders_and_globs(tmp_path):
     assert [p.name for p in found] == ["y.JPG", "x.png", "china.jpg"]  # by path, recursive, no duplicates or .txt
     with pytest.raises(ValueError, match="no such image"):
         find_images([tmp_path / "missing.png"])
+    (tmp_path / "a" / "b" / "y.JPG").unlink()
+    with pytest.raises(ValueError, match=r"b: a folder with no image files in it \(\.jpg"):  # it was "no such"
+        find_images([tmp_path / "a" / "b"])
 
 
 def test_awkward_files_read_as_upright_8_bit_rgb(tmp_path):

@@ -30,6 +30,8 @@ def find_images(specs: Iterable[str | Path]) -> list[Path]:
             matches = [path]
         else:
             matches = sorted(Path(p) for p in glob.glob(str(spec), recursive=True) if Path(p).is_file())
+        if not matches and path.is_dir():
+            raise UsageError(f"{spec}: a folder with no image files in it ({', '.join(IMAGE_SUFFIXES)})")
         if not matches:
             raise UsageError(f"{spec}: no such image file, folder or matching pattern")
         found.extend(m for m in matches if m not in found)
