@@ -610,3 +610,13 @@ def test_one_folder_spelled_two_ways_is_the_same_plan(tmp_path, monkeypatch):
     # the starting weights and gradient checkpointing change nothing a checkpoint holds
     started = {**saved, "pretrained_file": "None", "grad_checkpointing": "False"}
     assert plan_changes(started, dict(data="digits", epochs=3, pretrained_file="w.pth", grad_checkpointing=True)) == {}
+
+
+def test_changed_flags_are_named_in_the_configs_order():
+    """A resume refused for --mixer named --gamma-init (which followed from it) first: alphabetical order."""
+    from linvit.distillation import DistillConfig
+    from linvit.engine import plan_changes
+
+    saved = {"mixer": "katz_infsa", "gamma_init": "0.5"}
+    now = DistillConfig(teacher="t", mixer="linear_attention:hedgehog", gamma_init=0.9).to_dict()
+    assert list(plan_changes(saved, now)) == ["mixer", "gamma_init"]

@@ -117,11 +117,12 @@ def same_value(saved: str, now: str) -> bool:
 
 
 def plan_changes(saved: Mapping[str, str], now: Mapping) -> dict[str, tuple[str, str]]:
-    """{flag: (checkpoint's value, this run's)} for the planned flags that differ; a flag only one side knows
-    (another linvit version) is no change."""
+    """{flag: (checkpoint's value, this run's)} for the planned flags that differ, in the config's field order (a
+    choice before what follows from it: --mixer, then --gamma-init); a flag only one side knows (another linvit
+    version) is no change."""
     current = {k: str(v) for k, v in now.items()}
     shared = (saved.keys() & current.keys()) - RUNTIME_FLAGS
-    return {k: (saved[k], current[k]) for k in sorted(shared) if not same_value(saved[k], current[k])}
+    return {k: (saved[k], current[k]) for k in current if k in shared and not same_value(saved[k], current[k])}
 
 
 def describe_changes(changes: dict[str, tuple[str, str]]) -> str:
