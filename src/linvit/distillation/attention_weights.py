@@ -29,6 +29,7 @@ import copy
 import math
 import sys
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -176,42 +177,47 @@ def _heads(qkv: nn.Linear, q_norm, k_norm, x: torch.Tensor, heads: int) -> tuple
     return q_norm(q), k_norm(k)
 
 
-def _features(layer: nn.Module, q: torch.Tensor, k: torch.Tensor, fixed: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """phi(q), phi(k) as the layer's forward makes them: its learned maps, or the fixed map in float32."""
-    if layer.feature_map in LEARNED_FEATURE_MAPS:
-        return layer.feature_q(q), layer.feature_k(k)
-    dtype = accumulation_dtype(q)
-    return fixed_feature_map(q.to(dtype), fixed), fixed_feature_map(k.to(dtype), fixed)
-
-
 class _VisionLayer:
-    """A converted timm-layout layer: its mixer's input is recorded; the teacher's q, k come from a frozen copy
-    of the projections as converted (the teacher's), the student's from the live ones."""
+    """A converted timm-layout layer: its input, queries, keys (after their norms) and features are recorded as its
+    forward makes them (no second pass through the projections: under fsdp they are sharded again after the
+    forward); the teacher's q, k come from a frozen copy of the projections as converted (the teacher's)."""
+
+    RECORDED = ("q_norm", "k_norm", "feature_q", "feature_k")  # the submodules whose outputs the loss reads
 
     def __init__(self, mixer: nn.Module) -> None:
         self.mixer = mixer
         self.frozen = copy.deepcopy(nn.ModuleList([mixer.qkv, mixer.q_norm, mixer.k_norm])).requires_grad_(False)
         self.x: torch.Tensor | None = None
+        self.outputs: dict[str, torch.Tensor] = {}
 
     @contextlib.contextmanager
     def active(self):
-        handle = self.mixer.register_forward_hook(self._record)  # after every pre-hook (LayerTaps' input swap)
+        m = self.mixer
+        handles = [m.register_forward_hook(self._record)]  # after every pre-hook (LayerTaps' input swap)
+        handles += [getattr(m, name).register_forward_hook(partial(self._output, name)) for name in self.RECORDED]
         try:
             yield
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
 
     def _record(self, module, args, output) -> None:
         self.x = args[0]
 
+    def _output(self, name: str, module, args, output) -> None:
+        self.outputs[name] = output
+
     def recorded(self) -> Recorded:
-        m, x = self.mixer, self.x
-        self.x = None
+        m, x, out = self.mixer, self.x, self.outputs
+        self.x, self.outputs = None, {}
         frozen = self.frozen.to(x.device)
         with torch.no_grad():
             tq, tk = _heads(*frozen, x.detach(), m.num_heads)
-        q, k = _heads(m.qkv, m.q_norm, m.k_norm, x, m.num_heads)
-        fq, fk = _features(m, q, k, m.feature_map)
+        q, k = out["q_norm"], out["k_norm"]
+        if m.feature_map in LEARNED_FEATURE_MAPS:
+            fq, fk = out["feature_q"], out["feature_k"]
+        else:  # the fixed map, which the ops apply themselves, in float32
+            fq, fk = (fixed_feature_map(t.to(accumulation_dtype(t)), m.feature_map) for t in (q, k))
         return Recorded(tq, tk, m.head_dim**-0.5, q, k, fq, fk, eps=m.eps)
 
 

@@ -421,7 +421,6 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
         else:
             config = config.replace(mixer=chosen_mixer(config.mixer, language))
             chosen.append(f"--mixer {config.mixer}")
-    check_sharded_student(config, language)
     window = chosen_window(config.window, config.mixer, language)
     stages = chosen_stages(config.stages, window if language else None)  # transfer only: measured on LMs only
     if config.window is None and window is not None:
@@ -433,14 +432,6 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
         return config, None
     kind = "a causal language model" if language else "an image"
     return config, f"linvit distill: {kind} teacher: {' '.join(chosen)} (docs/distill.md#defaults)"
-
-
-def check_sharded_student(config: DistillConfig, language: bool) -> None:
-    """A one-line refusal for what --strategy fsdp cannot train yet (every rank reads the same config): the
-    attention-weight loss of an image student (it reads the student's projections after the forward, when they
-    are sharded again)."""
-    if config.strategy == "fsdp" and config.transfer_loss != "mse" and not language:
-        raise UsageError(f"--strategy fsdp takes --transfer-loss {config.transfer_loss} for language teachers only")
 
 
 def random_teacher_warning(config: DistillConfig) -> str | None:

@@ -107,9 +107,12 @@ class LayerTaps:
 
     def transfer_loss(self, kind: str) -> torch.Tensor:
         """Attention transfer's loss (attention_weights.TRANSFER_LOSSES): the relative output MSE (loss()), the
-        attention weights' CE less the teacher's entropy (Hedgehog's), or their sum, weighted 1 each."""
+        attention weights' CE less the teacher's entropy (Hedgehog's), or their sum, weighted 1 each.
+
+        "xent" keeps the MSE in the graph at weight 0: backward then passes through every layer's output, where
+        fsdp's pre-backward hook gathers the layer's parameters before the weights' gradients need them."""
         mse = self.loss()  # also clears the recorded outputs
         if "xent" not in kind:
             return mse
         weights = self.weights.loss()
-        return weights if kind == "xent" else mse + weights
+        return weights + 0.0 * mse if kind == "xent" else mse + weights
