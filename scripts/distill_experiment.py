@@ -65,8 +65,9 @@ VARIANTS = {
 }
 VARIANT_MIXERS = ("katz_infsa:hedgehog",)
 # issue 44: students with Hedgehog's learned feature maps, Katz-InfSA's and the anchor form's, ViT-AdaLA's plain
-# linear attention ("adala"), on Katz's recipe (distill rows only)
-LEARNED = ("katz_infsa:hedgehog", "linear_attention:hedgehog")
+# linear attention ("adala"), on Katz's recipe (distill rows only); katz_rows: Katz-InfSA with per-query normalised
+# rows (layers.katz_rows)
+LEARNED = ("katz_infsa:hedgehog", "katz_rows:hedgehog", "linear_attention:hedgehog")
 TRANSFER_MIXERS = ("katz_infsa", "pure_infsa", *LEARNED)
 STUDENTS = (*MIXERS, *LEARNED)  # every student of the vision tables, in their order
 # the language students: causal Katz (ELU + 1, and learned maps), pure InfSA, and the anchor, LoLCATs' form
@@ -215,8 +216,28 @@ def steps_of(run: Path) -> int:
     return total
 
 
-def vision_summary(out: Path, seeds: list[int], task_name: str = "digit") -> dict:
-    """Per (method, mixer, budget): val top-1 and its share of the teacher's (retention) over seeds."""
+def vision_summary(out: Path, seeds: list[int], task_name: str = "digit", published: Path | None = None) -> dict:
+    """Per (method, mixer, budget): val top-1 and its share of the teacher's (retention) over seeds. A row without
+    runs under OUT keeps the published summary's row where that summary's teachers are these (the protocol's runs
+    are deterministic on CPU: the same seeds retrain the same teachers), so one new student needs only its runs."""
+    summary = _vision_runs_summary(out, seeds, task_name)
+    earlier = json.loads(published.read_text()) if published is not None and published.is_file() else None
+    if earlier is None or summary["teachers"] != {int(s): v for s, v in earlier["teachers"].items()}:
+        if earlier is not None:
+            print(f"{published}: other teachers than OUT's ({earlier['teachers']}); its rows are not kept")
+        return summary
+    found = {(r["method"], r["mixer"], r["budget"]) for r in summary["rows"]}
+    kept = [r for r in earlier["rows"] if (r["method"], r["mixer"], r["budget"]) not in found]
+    return summary | {"rows": _sorted_rows(summary["rows"] + kept)}
+
+
+def _sorted_rows(rows: list[dict]) -> list[dict]:
+    """vision rows in the order _vision_runs_summary writes them: student, method, budget."""
+    order = [(mixer, method) for mixer in STUDENTS for method in methods(mixer)]
+    return sorted(rows, key=lambda r: (order.index((r["mixer"], r["method"])), r["budget"]))
+
+
+def _vision_runs_summary(out: Path, seeds: list[int], task_name: str) -> dict:
     part = out / PARTS[task_name]
     teachers = {}
     for seed in seeds:
@@ -439,7 +460,9 @@ def main() -> None:
         (out / "timing/summary.json").write_text(json.dumps(decode_timing(), indent=2))
     for task_name, part in PARTS.items():
         if (out / part).is_dir():
-            (out / part / "summary.json").write_text(json.dumps(vision_summary(out, [0, 1, 2], task_name), indent=2))
+            published = Path(args.publish or "docs") / f"distill/{part}.json"
+            summary = vision_summary(out, [0, 1, 2], task_name, published)
+            (out / part / "summary.json").write_text(json.dumps(summary, indent=2))
     for context, part in LANGUAGE_PARTS.items():
         if (out / part).is_dir():
             published = Path(args.publish or "docs") / f"distill/{part}.json"

@@ -34,7 +34,7 @@ from linvit import load_run
 from linvit.data.splits import open_split
 from linvit.distillation.transfer import layer_pairs
 from linvit.explain.maps import projected_qk
-from linvit.layers import KatzInfSAAttention
+from linvit.layers import KatzInfSAAttention, KatzRowsAttention
 from linvit.layers.linear_attention import LinearAttention
 from linvit.ops.katz import katz_kernel, katz_operator
 
@@ -43,6 +43,7 @@ STUDENTS = {  # the distill tables' students: name -> (mixer, its runs' folder u
     "katz_infsa:hedgehog": ("katz_infsa:hedgehog", "distill_transfer"),
     "katz_infsa:hedgehog, gamma_init 0.1": ("katz_infsa:hedgehog", "distill_transfer_gamma0.1"),
     "katz_infsa:hedgehog, mse+xent": ("katz_infsa:hedgehog", "distill_transfer_xent"),
+    "katz_rows:hedgehog": ("katz_rows:hedgehog", "distill_transfer"),
     "linear_attention:hedgehog": ("linear_attention:hedgehog", "distill_transfer"),
 }
 STAGES = {"after transfer": "attention", "final": "."}  # the student's two run folders: its first stage's, its own
@@ -55,7 +56,10 @@ def dense_weights(layer, x: torch.Tensor, hops: int | None = None) -> torch.Tens
     if isinstance(layer, KatzInfSAAttention):
         q, k = projected_qk(layer, x)
         A, gamma = katz_operator(q, k, layer.eps, layer.kernel), layer.gamma.double()[:, None, None]
-        return gamma * A if hops == 1 else katz_kernel(A, gamma[:, 0, 0])
+        M = katz_kernel(A, gamma[:, 0, 0])
+        # katz_rows divides every query's row of the whole series by its sum (its first hop by the same sum)
+        rows = M.sum(-1, keepdim=True) + layer.eps if isinstance(layer, KatzRowsAttention) else 1.0
+        return (gamma * A if hops == 1 else M) / rows
     if isinstance(layer, LinearAttention):
         q, k = projected_qk(layer, x, features=False)
         fq, fk = layer.features(q, k)
@@ -185,6 +189,16 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def keep_published(result: dict, published: Path) -> dict:
+    """The published students that have no runs here, where the published part is this one (its teachers are
+    retrained the same on CPU; scripts/distill_experiment.py's vision_summary checks them), in STUDENTS' order."""
+    earlier = json.loads(published.read_text()) if published.is_file() else {}
+    if earlier.get("part") != result["part"] or earlier.get("images") != result["images"]:
+        return result
+    students = earlier["students"] | result["students"]
+    return result | {"students": {name: students[name] for name in STUDENTS if name in students}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", default="runs/distill/vision64", help="a vision part of scripts/distill_experiment.py")
@@ -200,6 +214,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).parent))
         torch.set_num_threads(1)
         result = summary(Path(args.part), args.seeds, args.images)
+        result = keep_published(result, docs / "distill/katz_gap.json")
     print(table(result))
     if args.publish:
         from linvit.reproduce.report import replace_between

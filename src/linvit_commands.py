@@ -155,10 +155,12 @@ DEVICES = ("auto", "cpu", "cuda")  # auto: cuda when torch sees one (linvit.dist
 # (tests/test_cli_consistency.py checks they are the same): the variants, a stabilised Linear-InfSA
 # (docs/spec/infsa.md 3.1), Katz-InfSA's other feature maps (the learned "hedgehog" one: layers.feature_maps) and
 # the anchor form, plain linear attention (layers.linear_attention)
-BUILTIN_FORMS = ("pure_infsa", "linear_infsa", "katz_infsa", "linear_attention")
+BUILTIN_FORMS = ("pure_infsa", "linear_infsa", "katz_infsa", "katz_rows", "linear_attention")
 BUILTIN_FORMS += ("linear_infsa:floor", "linear_infsa:softplus", "linear_infsa:elu+1")
-BUILTIN_FORMS += ("katz_infsa:elu+1", "katz_infsa:hedgehog", "linear_attention:relu", "linear_attention:hedgehog")
-BUILTIN_DIT_MIXERS = ("softmax", "pure_infsa", "linear_infsa", "katz_infsa", "linear_attention", "weightformer")
+BUILTIN_FORMS += ("katz_infsa:elu+1", "katz_infsa:hedgehog", "katz_rows:elu+1", "katz_rows:hedgehog")
+BUILTIN_FORMS += ("linear_attention:relu", "linear_attention:hedgehog")
+BUILTIN_DIT_MIXERS = ("softmax", "pure_infsa", "linear_infsa", "katz_infsa", "katz_rows", "linear_attention")
+BUILTIN_DIT_MIXERS += ("weightformer",)
 
 
 class _Registered:

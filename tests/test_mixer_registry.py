@@ -151,7 +151,14 @@ def test_a_name_registers_once_and_the_decorator_registers_too(toy):
 
 
 def test_each_mixer_has_one_spelling_and_the_old_ones_warn():
-    assert linvit.list_mixers() == ["softmax", "pure_infsa", "linear_infsa", "katz_infsa", "linear_attention"]
+    assert linvit.list_mixers() == [
+        "softmax",
+        "pure_infsa",
+        "linear_infsa",
+        "katz_infsa",
+        "katz_rows",
+        "linear_attention",
+    ]
     for old, new in (("pure", "pure_infsa"), ("linear", "linear_infsa"), ("katz", "katz_infsa")):
         with pytest.warns(DeprecationWarning, match=f"^mixer '{old}' is deprecated, use '{new}'$"):
             model = timm.create_model("infvit_tiny_patch16_224", mixer=old, **TINY)

@@ -31,8 +31,14 @@ from .records import ConvertedModule
 ATTENTION_NAME = "linvit_pure_infsa"
 STATE = "_linvit_row_sq"  # the attribute of a Cache that holds each layer's squared score rows
 EPS = 1e-6
+# why each bidirectional form has no causal one; any other mixer without one: NO_CAUSAL_FORM
+NO_CAUSAL_WHY = {
+    "linear_infsa": "pools every token into one summary",
+    "katz_rows": "normalises each query's row over the whole series",
+}
+NO_CAUSAL_FORM = "is a bidirectional mixer"
 CAUSAL_REFUSAL = (
-    "{variant} pools every token into one summary, which has no causal form here: a causal language model "
+    "{variant} {why}, which has no causal form here: a causal language model "
     "would see future tokens. Use variant='katz_infsa' (causal, linear time, no key/value cache), "
     "'pure_infsa' (quadratic, exact causal and padding masks) or 'linear_attention' (the one-hop anchor form)"
 )
@@ -103,7 +109,7 @@ def convert_language_model(
         model.set_attn_implementation(name)
         return model
     if variant != "pure_infsa" and causal:
-        raise UsageError(CAUSAL_REFUSAL.format(variant=variant))
+        raise UsageError(CAUSAL_REFUSAL.format(variant=variant, why=NO_CAUSAL_WHY.get(variant, NO_CAUSAL_FORM)))
     if variant != "pure_infsa":
         raise UsageError(f"{variant} is not wired into transformers' encoders; use variant='pure_infsa'")
     register_attention(ATTENTION_NAME, pure_infsa_attention)

@@ -2,12 +2,14 @@
 
 from .dynamic import CONV_PREDICTORS, LINEAR_PREDICTORS, DynamicDWConv, DynamicLinear
 from .infsa_attention import KatzInfSAAttention, LinearInfSAAttention, PureInfSAAttention
+from .katz_rows import KatzRowsAttention
 from .linear_attention import LinearAttention
 
 __all__ = [
     "PureInfSAAttention",
     "LinearInfSAAttention",
     "KatzInfSAAttention",
+    "KatzRowsAttention",
     "LinearAttention",
     "DynamicLinear",
     "DynamicDWConv",

@@ -474,13 +474,20 @@ class KatzInfSAAttention(_InfSABase):
         q, k, v = self.project_qkv(x)
         return self.feature_q(q), self.feature_k(k), v
 
-    def mix(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    def unmasked_qkv(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """featured_qkv for mix, which takes no mask; notes dead heads where the dead-head monitor records."""
         if attn_mask is not None or is_causal:
             raise ValueError("Katz-InfSA works on low-rank factors; attention masks are not supported")
         q, k, v = self.featured_qkv(x)
         if self.record_dead and self.feature_map == "relu":
             # ReLU features all zero on the query or the key side: A = 0 and the head adds nothing for that image
             self.note_dead((q.detach().flatten(2).amax(-1) <= 0) | (k.detach().flatten(2).amax(-1) <= 0))
+        return q, k, v
+
+    def mix(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        q, k, v = self.unmasked_qkv(x, attn_mask, is_causal)
         if not isinstance(self.norm, nn.Identity):
             return self.merge_heads(katz_infsa(q, k, v, self.gamma, self.eps, feature_map=self.kernel))
         if not torch.jit.is_scripting():  # the factors and the folded projection with autocast off
@@ -535,6 +542,7 @@ class KatzInfSAAttention(_InfSABase):
         sums = None
         for xc in chunks:
             q, k, v = self.featured_qkv(xc)
+            v = self.streamed_values(v)
             with no_autocast(v):
                 dtype = feature_dtype(q, self.kernel)
                 (fq, c2), (fk, _) = katz_features(q, self.kernel, dtype), katz_features(k, self.kernel, dtype)
@@ -543,12 +551,20 @@ class KatzInfSAAttention(_InfSABase):
         with no_autocast(sums[0]):
             return katz_mixing(sums, self.gamma, self.eps, c2)
 
-    def streamed_output(self, x: torch.Tensor, mixing: torch.Tensor) -> torch.Tensor:
-        """Second pass: the layer's output (B, n, C) for the tokens x, given streamed_mixing of all tokens."""
+    def streamed_values(self, v: torch.Tensor) -> torch.Tensor:
+        """The values the first pass sums (a subclass may add columns: KatzRowsAttention's ones)."""
+        return v
+
+    def streamed_queries(self, x: torch.Tensor) -> torch.Tensor:
+        """The featured queries (B, H, n, d) of the tokens x alone: the second pass projects nothing else."""
         B, n, C = x.shape
         bias = None if self.qkv.bias is None else self.qkv.bias[:C]
         q = self.q_norm(F.linear(x, self.qkv.weight[:C], bias).reshape(B, n, self.num_heads, -1).transpose(1, 2))
-        q = self.feature_q(q)
+        return self.feature_q(q)
+
+    def streamed_output(self, x: torch.Tensor, mixing: torch.Tensor) -> torch.Tensor:
+        """Second pass: the layer's output (B, n, C) for the tokens x, given streamed_mixing of all tokens."""
+        q = self.streamed_queries(x)
         with no_autocast(q):
             if isinstance(self.norm, nn.Identity):
                 return self.project_mixed(q, mixing)

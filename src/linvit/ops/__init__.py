@@ -6,7 +6,15 @@ soft query and the Perron vectors. The layers, and the interpretability and spec
 """
 
 from .infsa import infsa_operator, linear_infsa, linear_infsa_importance, pure_infsa, soft_query
-from .katz import katz_centrality, katz_infsa, katz_kernel, katz_operator, perron_vector, perron_vector_dense
+from .katz import (
+    katz_centrality,
+    katz_infsa,
+    katz_infsa_rows,
+    katz_kernel,
+    katz_operator,
+    perron_vector,
+    perron_vector_dense,
+)
 from .katz_causal import causal_katz_chunked, causal_katz_dense, causal_katz_recurrent
 from .window_causal import WindowState, window_causal_chunked, window_causal_recurrent
 
@@ -17,6 +25,7 @@ __all__ = [
     "soft_query",
     "infsa_operator",
     "katz_infsa",
+    "katz_infsa_rows",
     "causal_katz_chunked",
     "causal_katz_recurrent",
     "causal_katz_dense",

@@ -152,6 +152,44 @@ def _katz_infsa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaL
     return (fq @ mixing_as(mixing, fq.dtype)).to(v.dtype)
 
 
+def katz_infsa_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gamma: GammaLike,
+    eps: float = 1e-6,
+    feature_map: str = "relu",
+) -> torch.Tensor:
+    """Katz-InfSA with every query's weights summing to 1: y_i = sum_j M_ij v_j / (sum_j M_ij + eps), with
+    M = sum_{t>=1} gamma^t A^^t as in katz_infsa; (B, H, N, D) -> same.
+
+    The row sums M 1 come from the same solve as M V (a column of ones beside the values), so the cost stays
+    O(N d^2). Softmax's and linear attention's rows sum to 1; Katz-InfSA's vary with each query's features
+    (docs/results.md, why Katz students keep less). The division runs in the accumulation dtype; a query whose
+    row is all zero (ReLU features all zero) gets 0.
+    """
+    check_qkv(q, k, v)
+    return _katz_infsa_rows(q, k, v, gamma, eps, feature_map)
+
+
+@eager_autocast_off
+def _katz_infsa_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: GammaLike, eps: float, feature_map: str):
+    fq, mixing = katz_factors(q, k, with_ones(v), gamma, eps, feature_map)
+    return divide_rows(fq @ mixing_as(mixing, fq.dtype), eps).to(v.dtype)
+
+
+def with_ones(v: torch.Tensor) -> torch.Tensor:
+    """v in the accumulation dtype with a column of ones after its D columns, (B, H, N, D + 1)."""
+    v = v.to(accumulation_dtype(v))
+    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+
+
+def divide_rows(mixed: torch.Tensor, eps: float) -> torch.Tensor:
+    """(M [V, 1]) -> M V / (M 1 + eps), in the accumulation dtype: the last column is each query's row sum."""
+    mixed = mixed.to(accumulation_dtype(mixed))
+    return mixed[..., :-1] / (mixed[..., -1:] + eps)
+
+
 def mixing_as(mixing: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The mixing X (or X folded into a projection) in the token features' dtype. float16 saturates at its
     largest finite value instead of overflowing: X is that large (~gamma c^2 / eps) only in a head whose
