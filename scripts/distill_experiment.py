@@ -234,7 +234,8 @@ def vision_summary(out: Path, seeds: list[int], task_name: str = "digit", publis
 def _sorted_rows(rows: list[dict]) -> list[dict]:
     """vision rows in the order _vision_runs_summary writes them: student, method, budget."""
     order = [(mixer, method) for mixer in STUDENTS for method in methods(mixer)]
-    return sorted(rows, key=lambda r: (order.index((r["mixer"], r["method"])), r["budget"]))
+    rank = {key: i for i, key in enumerate(order)}
+    return sorted(rows, key=lambda r: (rank.get((r["mixer"], r["method"]), len(order)), r["budget"]))
 
 
 def _vision_runs_summary(out: Path, seeds: list[int], task_name: str) -> dict:

@@ -10,6 +10,7 @@ NAMES = {
     "pure_infsa": "pure InfSA",
     "linear_infsa": "Linear-InfSA",
     "katz_infsa:hedgehog": "Katz-InfSA, `hedgehog` maps",
+    "katz_rows:hedgehog": "Katz-InfSA, rows normalised (`katz_rows`), `hedgehog` maps",
     "linear_attention:hedgehog": "`adala` (linear attention, `hedgehog` maps)",
 }
 # a language model's linear attention with learned maps is LoLCATs' student form, without its sliding window
@@ -25,7 +26,11 @@ LANGUAGE_PARTS = {
     "language512": "the same GPT-2 shape and text, trained at 512 tokens of context",
 }
 ANCHOR = "linear_attention:hedgehog"  # the field's form that Katz's students are judged against (issue 44)
-SHORT_NAMES = {"katz_infsa:hedgehog": "Katz-InfSA + hedgehog maps", ANCHOR: "adala: linear attn. + hedgehog"}
+SHORT_NAMES = {
+    "katz_infsa:hedgehog": "Katz-InfSA + hedgehog maps",
+    "katz_rows:hedgehog": "katz_rows + hedgehog maps",
+    ANCHOR: "adala: linear attn. + hedgehog",
+}
 # summary -> its figure, docs/distill
 VISION_PARTS = {"vision": "retention.png", "vision_max": "retention_max.png", "vision64": "retention_64.png"}
 
@@ -60,6 +65,11 @@ def vision_table(vision: dict) -> str:
             " Katz's recipe; `adala` is the anchor form, plain linear attention with the same learned maps"
             " (ViT-AdaLA's student; layers.linear_attention)."
         )
+    if any(r["mixer"].startswith("katz_rows") for r in vision["rows"]):
+        caption += (
+            " `katz_rows` is Katz-InfSA with every query's row of its series divided by its sum (docs/spec/infsa.md"
+            " section 4.0), the same parameters and recipe."
+        )
     lines = [
         caption,
         "",
@@ -91,7 +101,7 @@ def goals(summaries: dict) -> str:
         rows = [r for r in summaries.get(part, {}).get("rows", []) if r["method"] == "distill" and r["budget"] <= 0.1]
         anchors = {r["budget"]: r["retention"]["mean"] for r in rows if r["mixer"] == ANCHOR}
         for r in sorted(rows, key=lambda r: (r["budget"], list(NAMES).index(r["mixer"]))):
-            if not r["mixer"].startswith("katz_infsa"):
+            if not r["mixer"].startswith("katz"):  # katz_infsa and katz_rows
                 continue
             met = "met" if r["retention"]["mean"] >= 99 else "missed"
             where = f"`{task}` at {summaries[part].get('tokens', 16)} tokens"
