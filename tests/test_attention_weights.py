@@ -144,10 +144,11 @@ def test_cross_entropy_is_the_teachers_entropy_when_the_student_is_the_teacher()
     assert abs(float(layer_weight_loss(r))) < 1e-12
 
 
-def test_gradients_reach_the_feature_maps_and_not_the_teacher_copy():
+@pytest.mark.parametrize("mixer", ["katz_infsa:hedgehog", "katz_rows:hedgehog"])
+def test_gradients_reach_the_feature_maps_and_not_the_teacher_copy(mixer):
     torch.manual_seed(0)
     teacher = load_teacher("vit_4l_patch16_224", model_kwargs=TINY_VIT, img_size=[32]).model
-    student = make_student(teacher, "katz_infsa:hedgehog", 0.5)
+    student = make_student(teacher, mixer, 0.5)
     taps = LayerTaps(layer_pairs(teacher, student), weights=True)
     with taps.active(substitute=True):
         with torch.no_grad():

@@ -7,10 +7,11 @@ Alone ("xent") it trains the learned maps only (student.train_only_feature_maps)
 
 What each form's weights are (row-stochastic, read from the layer's own queries, keys and features):
 - linear attention: A_lin[i,j] = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps), exactly its output's;
-- Katz-InfSA: the one-hop operator of its series, row-normalised, which is the same expression. The series'
-  effective matrix (I - gamma A)^-1 - I is not row-stochastic (its row sums are the Katz out-degrees, set by
-  gamma), and under a causal mask needs an N x N triangular solve per head; the map only enters it through A,
-  every hop applies A, and the output MSE fits the hops' mix;
+- Katz-InfSA (and `katz_rows`): the one-hop operator of its series, row-normalised, which is the same
+  expression. The series' effective matrix (I - gamma A)^-1 - I is not row-stochastic (its row sums are the
+  Katz out-degrees, set by gamma; `katz_rows` divides by them), and under a causal mask needs an N x N
+  triangular solve per head; the map only enters it through A, every hop applies A, and the output MSE fits
+  the hops' mix;
 - causal language students: the sums run over j <= i; with a window W, keys i-W < j <= i weigh exp(s_ij)
   (the layer's softmax scores) and older ones phi(q_i).phi(k_j), one normaliser (ops.window_causal's y_t).
 The teacher's weights are softmax(q k^T * scale) of the teacher layer's own queries and keys (vision: the
@@ -42,7 +43,7 @@ from ..ops.common import accumulation_dtype, no_autocast
 from ..ops.katz import feature_map as fixed_feature_map
 
 TRANSFER_LOSSES = ("mse", "xent", "mse+xent")
-WEIGHT_FORMS = ("linear_attention", "katz_infsa")  # the forms with row-stochastic weights
+WEIGHT_FORMS = ("linear_attention", "katz_infsa", "katz_rows")  # the forms with row-stochastic weights
 NO_WEIGHTS = {
     "pure_infsa": "its scores are normalised over the whole map (Frobenius), not per query",
     "linear_infsa": "every query receives the same pooled summary",
