@@ -1,6 +1,6 @@
 """The `linvit` command table: one row per command, its flags next to it, read by linvit_cli to build the parser.
 
-A row names the command's config dataclass and run function (``"linvit.train:ClassifyConfig:run_train"``),
+A row names the command's config dataclass and run function (``"linvit.classify:ClassifyConfig:run_train"``),
 imported only when the command runs, and lists its flags: add_argument's names and keywords, without defaults.
 A flag's default is its config field's (linvit_cli fills what the command line and --config leave out), so a
 default is written once, on the config. Torch-free, like linvit_cli: ``linvit --help`` imports neither torch nor
@@ -493,7 +493,7 @@ COMMANDS = (
     command(
         "train",
         "train with the DeiT recipe (torchrun for DDP)",
-        "linvit.train:ClassifyConfig:run_train",
+        "linvit.classify:ClassifyConfig:run_train",
         image_data(),
         fit("absolute learning rate (default: base-lr * batch / 512)"),
         SPLITS,

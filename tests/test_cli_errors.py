@@ -172,8 +172,8 @@ def test_a_config_of_switches_and_a_runs_args_yaml_still_parse(tmp_path):
 def test_model_kwargs_train_leaves_open_are_theirs_to_give():
     """And a timm teacher's --model-kwargs meet distill's --img-size the same way (a duplicate-keyword TypeError
     before)."""
+    from linvit.classify import with_model_kwargs
     from linvit.distillation import load_teacher
-    from linvit.train import with_model_kwargs
 
     built = {"img_size": None, "num_classes": 10, "drop_path_rate": 0.1, "pretrained_file": None}
     with pytest.raises(UsageError, match="give it as --img-size"):  # alone it would size the model, not the data
@@ -216,7 +216,7 @@ def test_a_coco_file_naming_missing_images(tmp_path, capsys):
 
 def test_only_usage_errors_are_one_line(data, tmp_path, monkeypatch, capsys):
     """A ValueError from torch, timm or a bug keeps its traceback; --debug shows a usage error's too."""
-    import linvit.train
+    import linvit.classify
     from linvit.errors import UsageError
 
     with pytest.raises(UsageError, match="patch_size"):
@@ -225,7 +225,7 @@ def test_only_usage_errors_are_one_line(data, tmp_path, monkeypatch, capsys):
     def internal_bug(args):
         raise ValueError("an internal ValueError")
 
-    monkeypatch.setattr(linvit.train, "run_train", internal_bug)
+    monkeypatch.setattr(linvit.classify, "run_train", internal_bug)
     with pytest.raises(ValueError, match="an internal ValueError"):
         cli_main(_train(data, tmp_path))
 
@@ -275,12 +275,12 @@ def test_bench_of_an_unknown_model_fails_before_running(tmp_path, capsys):
 
 
 def test_ctrl_c_is_one_line_and_exit_130(data, tmp_path, monkeypatch, capsys):
-    import linvit.train
+    import linvit.classify
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(linvit.train, "run_train", interrupted)
+    monkeypatch.setattr(linvit.classify, "run_train", interrupted)
     assert cli_main(_train(data, tmp_path)) == 130
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip() == "linvit train: interrupted"

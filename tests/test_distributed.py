@@ -21,11 +21,11 @@ import torch
 from safetensors.torch import load_file
 
 import linvit
+from linvit.classify import ClassifyConfig
 from linvit.cli import main as cli_main
 from linvit.data import build_cluttered_mnist
 from linvit.engine import sharded_checkpoint, sharding
 from linvit.errors import UsageError
-from linvit.train import ClassifyConfig
 
 RUNNER = Path(__file__).parent / "fixtures" / "torchrun_commands.py"
 BATCH = 5  # per process at world 2; 10 at world 1

@@ -25,7 +25,7 @@ TIERS = {
     "utils": 3,
     "distributed": 3,
     "conversion": 3,
-    "train": 4,
+    "classify": 4,
     "engine": 4,
     "weights": 3,
     "onnx_runtime": 3,
@@ -100,10 +100,10 @@ def test_imports_run_down_the_tiers_only():
 def test_the_walker_sees_a_violation(tmp_path, monkeypatch):
     fake = tmp_path / "linvit"
     (fake / "ops").mkdir(parents=True)
-    (fake / "ops" / "bad.py").write_text("from ..train import run\nfrom ..layers._x import y\n")
+    (fake / "ops" / "bad.py").write_text("from ..classify import run\nfrom ..layers._x import y\n")
     monkeypatch.setattr(__import__(__name__), "ROOT", fake)
     problems = _violations()
-    assert any("ops (tier 0) imports train" in p for p in problems)
+    assert any("ops (tier 0) imports classify" in p for p in problems)
     assert any("private" in p for p in problems)
 
 

@@ -1,5 +1,5 @@
 """`linvit eval`: top-1/top-5/loss of a checkpoint (a run folder, a weights file, an exported .onnx file) on one
-split of any `--data`. The loop and the numbers are the classification task's (train.evaluate_classification on
+split of any `--data`. The loop and the numbers are the classification task's (classify.evaluate_classification on
 engine.run_evaluation); weights are read by linvit.weights."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import sys
 import torch
 from timm.data import create_transform, resolve_data_config
 
+from .classify import evaluate_classification
 from .config import Config, default_workers
 from .data.splits import open_split
 from .distributed import distributed_session
 from .engine import eval_loader
 from .errors import UsageError
-from .train import evaluate_classification
 from .utils import compile_model
 from .utils.paths import write_json
 from .weights import create_for_checkpoint, height_width, load_and_convert, run_model_args, use_run_folder

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..classify import evaluate_classification
 from ..config import TrainConfig
 from ..conversion.core import canonical_form
 from ..data import collate_images
@@ -33,7 +34,6 @@ from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation,
 from ..engine.sharding import is_sharded
 from ..errors import UsageError
 from ..mixers import conversion_forms, get_mixer
-from ..train import evaluate_classification
 from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
 from ..weights import load_weights

@@ -58,7 +58,7 @@ def load_teacher(spec: str, file: str | None = None, pretrained: bool = False, m
     elif Path(spec).exists():
         teacher = _run_folder(spec, file)
     else:
-        from ..train import with_model_kwargs
+        from ..classify import with_model_kwargs
 
         kwargs = dict(model_kwargs or {})
         kwargs["pretrained"] = kwargs.get("pretrained", False) or pretrained  # the CLI folds --pretrained in

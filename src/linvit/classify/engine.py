@@ -1,149 +1,26 @@
-"""Classification training with the DeiT recipe on ImageNet-layout folders, as a Task on the one trainer.
+"""`linvit train`: classification as a Task on the one trainer, and the top-1 / top-5 / loss Metric.
 
-Built from timm's pieces: create_transform (RandAugment, random erasing), Mixup/CutMix with
-SoftTargetCrossEntropy, create_optimizer_v2 (no weight decay on norms, biases, position embeddings
-and InfSA discounts), a per-iteration cosine schedule with warm-up, ModelEmaV3. Resume, DDP, checkpoints
-and the final model folder are linvit.engine's (fit).
+ClassificationScores is also what `linvit eval` and an image teacher's distillation report. Resume, DDP,
+checkpoints and the final model folder are linvit.engine's (fit).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.data import Mixup, create_transform, resolve_data_config
-from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
-from torch.utils.data import Dataset
 
-from .config import TrainConfig
-from .conversion import convert_if_asked
-from .data import collate_images
-from .data.augment import fix_posterize
-from .data.splits import open_split
-from .distributed import all_reduce_sum
-from .engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
-from .errors import UsageError
-from .models import create_variant
-from .utils.runtime import autocast
-
-
-@dataclasses.dataclass
-class ClassifyConfig(TrainConfig):
-    """`linvit train`: the DeiT recipe's defaults (300 epochs, lr 5e-4 per 512 images, RandAugment, Mixup 0.8,
-    CutMix 1.0, random erasing 0.25, label smoothing 0.1, drop path 0.1)."""
-
-    model: str | None = None
-    model_kwargs: dict = dataclasses.field(default_factory=dict)
-    pretrained: bool = False
-    pretrained_file: str | None = None
-    convert: str | None = None
-    img_size: list[int] | None = None
-    crop_pct: float | None = None
-    train_split: str = "train"
-    val_split: str = "val"
-    epochs: int = 300
-    base_lr: float = 5e-4
-    min_lr: float | None = 1e-5
-    warmup_lr: float | None = 1e-6
-    warmup_epochs: int = 5
-    drop_path: float = 0.1
-    scale: list[float] = dataclasses.field(default_factory=lambda: [0.08, 1.0])
-    ratio: list[float] = dataclasses.field(default_factory=lambda: [0.75, 4 / 3])
-    hflip: float = 0.5
-    aa: str | None = "rand-m9-mstd0.5-inc1"
-    color_jitter: float = 0.3
-    reprob: float = 0.25
-    mixup: float = 0.8
-    cutmix: float = 1.0
-    smoothing: float = 0.1
-    interpolation: str = "bicubic"
-    model_ema: bool = False
-    model_ema_decay: float = 0.99996
-
-
-def build_datasets(config: ClassifyConfig, model: nn.Module) -> tuple[Dataset, Dataset, dict]:
-    """(train, val, timm data config): the model's normalisation and crop, DeiT's training augmentations."""
-    data_config = resolve_data_config(
-        {"img_size": config.img_size, "crop_pct": config.crop_pct, "interpolation": config.interpolation},
-        model=model,
-    )
-    train_tf = create_transform(
-        **data_config,
-        is_training=True,
-        scale=tuple(config.scale),
-        ratio=tuple(config.ratio),
-        hflip=config.hflip,
-        auto_augment=None if config.aa in (None, "none", "") else config.aa,
-        color_jitter=config.color_jitter,
-        re_prob=config.reprob,
-        re_mode="pixel",
-        re_count=1,
-    )
-    fix_posterize(train_tf)  # timm's Posterize at 0 bits raises on Pillow 13 (linvit.data.augment)
-    train = open_split(config.data, config.train_split, train_tf, unreadable="replace")
-    val = open_split(config.data, config.val_split, create_transform(**data_config, is_training=False))
-    if train.classes != val.classes:
-        hint = (
-            ""
-            if getattr(train, "names_classes", True)
-            else "; numbered classes end at a split's highest label: name them (classes.txt, a ClassLabel)"
-        )
-        raise UsageError(f"train and val classes differ: {len(train.classes)} vs {len(val.classes)} classes{hint}")
-    return train, val, data_config
-
-
-def mixup_and_criterion(config: ClassifyConfig, num_classes: int) -> tuple[Mixup | None, nn.Module]:
-    """DeiT's targets: Mixup/CutMix with soft-target cross-entropy, else (smoothed) cross-entropy."""
-    if config.mixup > 0 or config.cutmix > 0:
-        if config.batch_size % 2:
-            raise UsageError(
-                f"Mixup/CutMix pair the images of a batch: --batch-size must be even, got {config.batch_size}"
-            )
-        mixup = Mixup(
-            mixup_alpha=config.mixup,
-            cutmix_alpha=config.cutmix,
-            label_smoothing=config.smoothing,
-            num_classes=num_classes,
-        )
-        return mixup, SoftTargetCrossEntropy()
-    if config.smoothing > 0:
-        return None, LabelSmoothingCrossEntropy(smoothing=config.smoothing)
-    return None, nn.CrossEntropyLoss()
-
-
-# the model kwargs `linvit train` sets itself, and what sets each
-SET_BY = {
-    "img_size": "--img-size",
-    "num_classes": "--data (its class count)",
-    "drop_path_rate": "--drop-path",
-    "pretrained_file": "--pretrained-file",
-}
-
-
-def with_model_kwargs(built: dict, extra: dict, set_by: dict = SET_BY) -> dict:
-    """The kwargs train builds its model with, and --model-kwargs: a value train leaves open (None) is the
-    kwarg's to give, but for img_size (--img-size sizes the data too); one train sets is refused in one line
-    where the kwarg says otherwise (a duplicate keyword was a TypeError inside timm)."""
-    for name, value in extra.items():
-        own = built.get(name)
-        if name == "img_size" and own is None:  # the model alone at that size would get data at its default
-            raise UsageError(f"--model-kwargs img_size={value}: give it as --img-size (it sizes the data too)")
-        if own is not None and _as_size(name, value) != _as_size(name, own):
-            raise UsageError(
-                f"--model-kwargs {name}={value}: {name} is set by {set_by[name]} ({own}); drop it from --model-kwargs"
-            )
-    return {**built, **extra}
-
-
-def _as_size(name: str, value):
-    """img_size as (H, W) (32, [32] and [32, 32] are one size); other values as they are."""
-    if name != "img_size" or isinstance(value, str):
-        return value
-    sides = list(value) if isinstance(value, (list, tuple)) else [value]
-    return tuple(sides * 2 if len(sides) == 1 else sides)
+from ..conversion import convert_if_asked
+from ..data import collate_images
+from ..data.splits import open_split
+from ..distributed import all_reduce_sum
+from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
+from ..errors import UsageError
+from ..models import create_variant
+from ..utils.runtime import autocast
+from .config import ClassifyConfig, with_model_kwargs
+from .data import build_datasets, mixup_and_criterion
 
 
 class ClassificationScores(Metric):
