@@ -63,7 +63,7 @@ VARIANTS = {
     "distill_transfer_gamma0.1": ("distill, gamma_init 0.1", ["--gamma-init", "0.1"]),
     "distill_transfer_xent": ("distill, mse+xent", ["--transfer-loss", "mse+xent"]),
 }
-VARIANT_MIXERS = ("katz_infsa:hedgehog",)
+VARIANT_MIXERS = ("katz_infsa:hedgehog", "katz_rows:hedgehog")  # a variant's rows appear where its runs exist
 # issue 44: students with Hedgehog's learned feature maps, Katz-InfSA's and the anchor form's, ViT-AdaLA's plain
 # linear attention ("adala"), on Katz's recipe (distill rows only); katz_rows: Katz-InfSA with per-query normalised
 # rows (layers.katz_rows)

@@ -44,6 +44,7 @@ STUDENTS = {  # the distill tables' students: name -> (mixer, its runs' folder u
     "katz_infsa:hedgehog, gamma_init 0.1": ("katz_infsa:hedgehog", "distill_transfer_gamma0.1"),
     "katz_infsa:hedgehog, mse+xent": ("katz_infsa:hedgehog", "distill_transfer_xent"),
     "katz_rows:hedgehog": ("katz_rows:hedgehog", "distill_transfer"),
+    "katz_rows:hedgehog, mse+xent": ("katz_rows:hedgehog", "distill_transfer_xent"),
     "linear_attention:hedgehog": ("linear_attention:hedgehog", "distill_transfer"),
 }
 STAGES = {"after transfer": "attention", "final": "."}  # the student's two run folders: its first stage's, its own

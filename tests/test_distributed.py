@@ -47,11 +47,12 @@ def train(data, out, *, strategy="fsdp", epochs=EPOCHS, batch=BATCH, extra=()) -
 def distill(data, out, strategy: str) -> list[str]:
     """Both stages from a random 2-block ViT teacher; under fsdp the teacher is sharded too. Attention transfer on
     Hedgehog's weight loss alone (it read the projections after the forward, sharded again by then, and its loss
-    never reached the layers' outputs, where fsdp gathers them for backward); the end-to-end stage checkpointed."""
+    never reached the layers' outputs, where fsdp gathers them for backward); the end-to-end stage checkpointed,
+    through LoRA adapters (merged into the plain student the folder holds)."""
     args = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=2"]
     args += ["num_heads=2", "num_classes=10", "--data", str(data), "--img-size", "32", "--epochs", "1"]
     args += ["--batch-size", "4", "--workers", "0", "--device", "cpu", "--no-progress", "--output", str(out)]
-    args += ["--transfer-loss", "xent", "--grad-checkpointing"]
+    args += ["--transfer-loss", "xent", "--grad-checkpointing", "--lora-rank", "2"]
     return [*args, "--strategy", strategy]  # --mixer auto: linear_attention:hedgehog (learned maps)
 
 
