@@ -229,6 +229,28 @@ def test_detect_train_resume_eval_and_rescoring(det_data, tmp_path):
     assert json.loads((tmp_path / "eval2" / "metrics.json").read_text())["AP"] == pytest.approx(metrics["AP"])
 
 
+def test_detect_trains_under_fsdp_as_under_ddp(det_data, tmp_path):
+    """--strategy fsdp on the detector (its backbone's blocks and the root sharded): the same losses as ddp."""
+    from pathlib import Path
+
+    def train(strategy: str) -> list[str]:
+        args = ["detect", "train", "--data", str(det_data), "--train-split", "train", "--val-split", "val"]
+        args += ["--output", str(tmp_path / strategy), "--batch-size", "2", "--lr", "1e-3", "--no-progress"]
+        return [*args, "--warmup-epochs", "0", "--epochs", "2", "--strategy", strategy, *ARGS]
+
+    runner = Path(__file__).parent / "fixtures" / "torchrun_commands.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(runner)]
+    result = subprocess.run([*cmd, json.dumps([train("ddp"), train("fsdp")])], env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    ddp, fsdp = (
+        [json.loads(x) for x in (tmp_path / s / "metrics.jsonl").read_text().splitlines()] for s in ("ddp", "fsdp")
+    )
+    assert [r["train_loss"] for r in fsdp] == pytest.approx([r["train_loss"] for r in ddp], rel=1e-5)
+    assert ddp[-1]["train_loss"] < ddp[0]["train_loss"]
+
+
 def test_detect_cli_errors_are_one_line(det_data, tmp_path, capsys):
     base = ["detect", "eval", "--data", str(det_data), "--out", str(tmp_path), *ARGS]
     assert cli_main([*base, "--split", "nosuchsplit"]) == 2
