@@ -8,6 +8,7 @@ blocks are and when to gather them is linvit's.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from ..errors import UsageError
 from ..utils.artifacts import layout_of, write_safetensors
 
 STRATEGIES = ("ddp", "fsdp")
+VIEW_WARNING = r"FSDP2-wrapped module \(.*\) returned a view tensor"  # see shard()
 SHARD_UNIT = "_linvit_shard_unit"  # a module attribute: shard this module as its own unit (mark_unit)
 BLOCK_LISTS = ("blocks", "layers", "h")  # timm's ViTs and stages, HF decoders (model.layers, GPT-2's h)
 
@@ -94,6 +96,12 @@ def shard(model: nn.Module, mesh, amp: str = "none", frozen: bool = False) -> nn
     backward follows to do it. Returns the model (FSDP2 shards in place)."""
     from torch.distributed.fsdp import fully_shard
 
+    # FSDP2 warns, at every sharded module's first forward, that its output is a view (nn.Linear's on 3-D input
+    # is): an in-place op on it would skip the pre-backward hook. The modules sharded here feed losses and
+    # timm's / transformers' out-of-place residual adds, so the warning would only alarm (one per module kind)
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning
+    )
     policy = mixed_precision(amp)
     for block in reversed(blocks(model)):  # innermost first: a stage is sharded after its blocks
         fully_shard(block, mesh=mesh, mp_policy=policy)
