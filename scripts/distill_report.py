@@ -99,7 +99,7 @@ def goals(summaries: dict) -> str:
     for part in VISION_PARTS:
         task = summaries.get(part, {}).get("task", "digit")
         rows = [r for r in summaries.get(part, {}).get("rows", []) if r["method"] == "distill" and r["budget"] <= 0.1]
-        anchors = {r["budget"]: r["retention"]["mean"] for r in rows if r["mixer"] == ANCHOR}
+        anchors = {r["budget"]: r for r in rows if r["mixer"] == ANCHOR}
         for r in sorted(rows, key=lambda r: (r["budget"], list(NAMES).index(r["mixer"]))):
             if not r["mixer"].startswith("katz"):  # katz_infsa and katz_rows
                 continue
@@ -107,8 +107,9 @@ def goals(summaries: dict) -> str:
             where = f"`{task}` at {summaries[part].get('tokens', 16)} tokens"
             line = f"- {where}, {NAMES[r['mixer']]} at {r['budget']:.0%}: retention {_interval(r['retention'])}: {met}"
             if r["budget"] in anchors:
-                beats = "at least" if r["retention"]["mean"] >= anchors[r["budget"]] else "below"
-                line += f"; {beats} the anchor `adala` ({anchors[r['budget']]:.1f})"
+                beats = "at least" if r["retention"]["mean"] >= anchors[r["budget"]]["retention"]["mean"] else "below"
+                line += f"; {beats} the anchor `adala` ({anchors[r['budget']]['retention']['mean']:.1f}"
+                line += f"; paired by teacher: {_interval(_paired_retention(r, anchors[r['budget']]))} points)"
             lines.append(line)
     for part in LANGUAGE_PARTS:
         context = summaries.get(part, {}).get("context", 128)
@@ -117,6 +118,17 @@ def goals(summaries: dict) -> str:
             gap = _interval(r["loss_gap"], 2)
             lines.append(f"- language ({context} tokens), {LANGUAGE_NAMES[r['mixer']]} at 10%: loss gap {gap}%: {met}")
     return "\n".join(lines)
+
+
+def _paired_retention(row: dict, anchor: dict) -> dict:
+    """The student's retention minus the anchor's, seed by seed (the same teacher), with its 95% interval: a
+    retention's values are in its row's seed order (vs_teacher's seeds)."""
+    from linvit.reproduce.stats import paired_difference
+
+    def by_seed(r: dict) -> dict[int, float]:
+        return dict(zip(r["vs_teacher"]["seeds"], r["retention"]["values"], strict=True))
+
+    return paired_difference(by_seed(row), by_seed(anchor))
 
 
 def language_table(language: dict, teacher: str) -> str:
