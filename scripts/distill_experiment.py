@@ -227,7 +227,7 @@ def vision_summary(out: Path, seeds: list[int], task_name: str = "digit", publis
             print(f"{published}: other teachers than OUT's ({earlier['teachers']}); its rows are not kept")
         return summary
     found = {(r["method"], r["mixer"], r["budget"]) for r in summary["rows"]}
-    kept = [r for r in earlier["rows"] if (r["method"], r["mixer"], r["budget"]) not in found]
+    kept = [r | {"source": "published"} for r in earlier["rows"] if (r["method"], r["mixer"], r["budget"]) not in found]
     return summary | {"rows": _sorted_rows(summary["rows"] + kept)}
 
 
@@ -265,6 +265,7 @@ def _vision_runs_summary(out: Path, seeds: list[int], task_name: str) -> dict:
                         "mixer": mixer,
                         "budget": budget,
                         "steps": steps,
+                        "seeds": list(val),  # the order of the values below
                         "val_top1": mean_interval(list(val.values())),
                         "retention": mean_interval(list(retention.values())),
                         "vs_teacher": paired_difference(val, teachers),

@@ -121,12 +121,11 @@ def goals(summaries: dict) -> str:
 
 
 def _paired_retention(row: dict, anchor: dict) -> dict:
-    """The student's retention minus the anchor's, seed by seed (the same teacher), with its 95% interval: a
-    retention's values are in its row's seed order (vs_teacher's seeds)."""
+    """The student's retention minus the anchor's, seed by seed (the same teacher), with its 95% interval."""
     from linvit.reproduce.stats import paired_difference
 
-    def by_seed(r: dict) -> dict[int, float]:
-        return dict(zip(r["vs_teacher"]["seeds"], r["retention"]["values"], strict=True))
+    def by_seed(r: dict) -> dict[int, float]:  # rows before "seeds" was written list them in seed order
+        return dict(zip(r.get("seeds", r["vs_teacher"]["seeds"]), r["retention"]["values"], strict=True))
 
     return paired_difference(by_seed(row), by_seed(anchor))
 

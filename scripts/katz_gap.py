@@ -147,6 +147,11 @@ def summary(part: Path, seeds: list[int], images: int) -> dict:
 
     task = next(VISION_TASKS[t] for t, p in PARTS.items() if p == part.name)
     out = {"part": part.name, "tokens": (task.canvas // task.patch) ** 2, "images": images, "students": {}}
+    out["teachers"] = {}  # seed -> the teacher's final val top-1: keep_published merges only the same teachers
+    for seed in seeds:
+        metrics = part / f"runs/{task.name}/softmax/s{seed}/metrics.jsonl"
+        if metrics.is_file():
+            out["teachers"][seed] = json.loads(metrics.read_text().splitlines()[-1])["val_top1"]
     for name, (mixer, folder) in STUDENTS.items():
         per_seed = {}
         for seed in seeds:
@@ -191,10 +196,15 @@ def table(result: dict) -> str:
 
 
 def keep_published(result: dict, published: Path) -> dict:
-    """The published students that have no runs here, where the published part is this one (its teachers are
-    retrained the same on CPU; scripts/distill_experiment.py's vision_summary checks them), in STUDENTS' order."""
+    """The published students that have no runs here, where the published part is this one and its teachers are
+    these (seed -> val top-1; a file from before teachers were recorded is taken as the part's), in STUDENTS'
+    order."""
     earlier = json.loads(published.read_text()) if published.is_file() else {}
     if earlier.get("part") != result["part"] or earlier.get("images") != result["images"]:
+        return result
+    teachers = {int(s): v for s, v in earlier.get("teachers", {}).items()}
+    if earlier.get("teachers") is not None and teachers != {int(s): v for s, v in result["teachers"].items()}:
+        print(f"{published}: other teachers ({earlier['teachers']}) than {result['part']}'s; its students not kept")
         return result
     students = earlier["students"] | result["students"]
     return result | {"students": {name: students[name] for name in STUDENTS if name in students}}

@@ -522,3 +522,17 @@ def test_segmentation_and_generation_train_under_fsdp_as_under_ddp(tmp_path):
     for task in tasks:
         ddp, fsdp = metrics(tmp_path / f"{task}_ddp"), metrics(tmp_path / f"{task}_fsdp")
         assert [r["train_loss"] for r in fsdp] == pytest.approx([r["train_loss"] for r in ddp], rel=1e-5), task
+
+
+def test_fsdp_view_warning_is_quiet_inside_the_trainers_run_only():
+    import warnings
+
+    message = "FSDP2-wrapped module (FSDPLinear) returned a view tensor. An in-place op on this view ..."
+    with sharding.quiet_view_warnings():
+        with warnings.catch_warnings(record=True) as seen:  # the filters in force stay
+            warnings.warn(message, UserWarning)
+    assert not seen
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.warn(message, UserWarning)
+    assert len(seen) == 1  # after the run a user's own FSDP code still hears it

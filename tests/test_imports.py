@@ -26,6 +26,7 @@ TIERS = {
     "distributed": 3,
     "conversion": 3,
     "classify": 4,
+    "train": 4,  # linvit.classify's deprecated spelling
     "engine": 4,
     "weights": 3,
     "onnx_runtime": 3,

@@ -50,7 +50,14 @@ def test_tokens_permute_with_their_outputs_and_images_do_not_mix():
     torch.testing.assert_close(katz_infsa_rows(q[:1], k[:1], v[:1], GAMMA, 1e-6, "relu"), out[:1])
 
 
-def test_a_query_with_no_weight_gets_zero_not_nan_in_float16():
+@pytest.mark.parametrize("half_products", [False, True])
+def test_a_query_with_no_weight_gets_zero_not_nan_in_float16(half_products, monkeypatch):
+    """half_products: token products in float16 as on CUDA (CPU upcasts them otherwise), where the mixing is
+    clamped to float16's range (ops.katz.mixing_as)."""
+    if half_products:
+        import linvit.ops.common as common
+
+        monkeypatch.setattr(common, "FLOAT32_SUM_DEVICES", ("cpu",))
     q, k, v = (t.half() for t in qkv(12, seed=3))
     q[:, 0] = -1.0  # head 0: ReLU features all zero, every row sums to 0
     out = katz_infsa_rows(q, k, v, GAMMA.float(), 1e-6, "relu")
@@ -83,6 +90,11 @@ def test_every_public_path_takes_it():
     layer = student.blocks[0].attn
     assert isinstance(layer, KatzRowsAttention) and layer.feature_map == "hedgehog"
     torch.testing.assert_close(layer.qkv.weight, vit.blocks[0].attn.qkv.weight)
+    from linvit.explain import default_method, importance_maps
+
+    assert default_method(model) == "grad"  # Katz's operator maps read A^, not the row-normalised series
+    with pytest.raises(ValueError, match="katz"):
+        importance_maps(model.eval(), torch.randn(1, 3, 32, 32), method="katz")
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1, n_head=4)
     config.bos_token_id = config.eos_token_id = 0

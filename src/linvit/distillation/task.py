@@ -138,7 +138,7 @@ class Distiller(nn.Module):
                 with torch.no_grad():
                     self._call(teacher, inputs)
                 self._call(self.student, inputs)
-                return self.taps.transfer_loss(self.config.transfer_loss)
+                return self.taps.transfer_loss(self.config.transfer_loss, self.config.strategy == "fsdp")
         c = self.config
         with self.taps.active(substitute=False) if c.feature_weight else nullcontext():
             with torch.no_grad():

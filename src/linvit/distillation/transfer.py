@@ -49,6 +49,19 @@ def _output_tensor(output) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
+class _ZeroThrough(torch.autograd.Function):
+    """0 in forward, zeros in backward, for any input (no 0 x inf = NaN where an output is not finite)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
+        ctx.shape, ctx.dtype, ctx.device = t.shape, t.dtype, t.device
+        return torch.zeros((), dtype=torch.float32, device=t.device)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(ctx.shape, dtype=ctx.dtype, device=ctx.device)
+
+
 class LayerTaps:
     """Forward hooks on the paired layers, registered only inside ``with taps.active(substitute):``."""
 
@@ -105,14 +118,17 @@ class LayerTaps:
         self.teacher_in.clear(), self.teacher_out.clear(), self.student_out.clear()
         return torch.stack(losses).mean()
 
-    def transfer_loss(self, kind: str) -> torch.Tensor:
+    def transfer_loss(self, kind: str, through_outputs: bool = False) -> torch.Tensor:
         """Attention transfer's loss (attention_weights.TRANSFER_LOSSES): the relative output MSE (loss()), the
         attention weights' CE less the teacher's entropy (Hedgehog's), or their sum, weighted 1 each.
 
-        "xent" keeps the MSE in the graph at weight 0: backward then passes through every layer's output, where
+        through_outputs (fsdp): "xent" alone sends exact zero gradients into every layer's output too, where
         fsdp's pre-backward hook gathers the layer's parameters before the weights' gradients need them."""
+        outputs = list(self.student_out.values())
         mse = self.loss()  # also clears the recorded outputs
         if "xent" not in kind:
             return mse
         weights = self.weights.loss()
-        return weights + 0.0 * mse if kind == "xent" else mse + weights
+        if kind != "xent":
+            return mse + weights
+        return weights + sum(_ZeroThrough.apply(o) for o in outputs) if through_outputs else weights

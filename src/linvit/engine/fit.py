@@ -128,7 +128,7 @@ class Task:
 def fit(task: Task, config: TrainConfig) -> list[dict]:
     """Train task under config on this process or every torchrun process; returns the per-epoch metrics
     (rank 0 writes them to config.output, which becomes a model folder at the end)."""
-    with distributed_session(config.device) as (rank, world, device):
+    with distributed_session(config.device) as (rank, world, device), sharding.quiet_view_warnings():
         run = start_run(task, config, rank, world, device)
         try:
             return run_epochs(task, run)

@@ -20,7 +20,7 @@ from ..errors import UsageError
 from ..utils.artifacts import layout_of, write_safetensors
 
 STRATEGIES = ("ddp", "fsdp")
-VIEW_WARNING = r"FSDP2-wrapped module \(.*\) returned a view tensor"  # see shard()
+VIEW_WARNING = r"FSDP2-wrapped module \(.*\) returned a view tensor"  # see quiet_view_warnings
 SHARD_UNIT = "_linvit_shard_unit"  # a module attribute: shard this module as its own unit (mark_unit)
 BLOCK_LISTS = ("blocks", "layers", "h")  # timm's ViTs and stages, HF decoders (model.layers, GPT-2's h)
 
@@ -81,6 +81,17 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return [module for _, module in sorted(depth.values(), key=lambda entry: entry[0])]
 
 
+@contextmanager
+def quiet_view_warnings() -> Iterator[None]:
+    """FSDP2's warning that a sharded module returned a view (nn.Linear's output on 3-D input is one) silenced
+    for the trainer's run only: an in-place op on such an output would skip the pre-backward hook, and the
+    modules the trainer shards feed losses and timm's / transformers' out-of-place residual adds, so the
+    warning would only alarm. Outside the run (a user's own FSDP code) it is left alone."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=VIEW_WARNING, category=UserWarning)
+        yield
+
+
 def mixed_precision(amp: str):
     """FSDP2's MixedPrecisionPolicy for --amp: bf16 parameters in forward and backward, float32 reductions."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -96,12 +107,6 @@ def shard(model: nn.Module, mesh, amp: str = "none", frozen: bool = False) -> nn
     backward follows to do it. Returns the model (FSDP2 shards in place)."""
     from torch.distributed.fsdp import fully_shard
 
-    # FSDP2 warns, at every sharded module's first forward, that its output is a view (nn.Linear's on 3-D input
-    # is): an in-place op on it would skip the pre-backward hook. The modules sharded here feed losses and
-    # timm's / transformers' out-of-place residual adds, so the warning would only alarm (one per module kind)
-    warnings.filterwarnings(
-        "ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning
-    )
     policy = mixed_precision(amp)
     for block in reversed(blocks(model)):  # innermost first: a stage is sharded after its blocks
         fully_shard(block, mesh=mesh, mp_policy=policy)

@@ -14,15 +14,14 @@ from timm.layers import register_notrace_module
 from ..mixers import Option, register_mixer
 from ..ops.common import no_autocast
 from ..ops.katz import divide_rows, feature_dtype, katz_features, katz_infsa_rows, mixing_as, with_ones
-from .infsa_attention import FEATURE_MAPS, INFSA_MAPS, KatzInfSAAttention
+from .infsa_attention import FEATURE_MAPS, KatzInfSAAttention
 
 
 @register_mixer(
     "katz_rows",
     option=Option("feature_map", FEATURE_MAPS, "relu"),
     cannot=("attn_drop", "attn_mask"),
-    maps=INFSA_MAPS,
-    distill_gamma=0.5,
+    distill_gamma=0.5,  # no operator maps (explain): Katz's maps read A^, not the row-normalised series
 )
 @register_notrace_module
 class KatzRowsAttention(KatzInfSAAttention):

@@ -179,8 +179,7 @@ def _katz_infsa_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: G
 
 
 def with_ones(v: torch.Tensor) -> torch.Tensor:
-    """v in the accumulation dtype with a column of ones after its D columns, (B, H, N, D + 1)."""
-    v = v.to(accumulation_dtype(v))
+    """v with a column of ones after its D columns, (B, H, N, D + 1), in v's dtype (1 is exact in any)."""
     return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
 
 
