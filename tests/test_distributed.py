@@ -530,9 +530,9 @@ def test_fsdp_view_warning_is_quiet_inside_the_trainers_run_only():
     message = "FSDP2-wrapped module (FSDPLinear) returned a view tensor. An in-place op on this view ..."
     with sharding.quiet_view_warnings():
         with warnings.catch_warnings(record=True) as seen:  # the filters in force stay
-            warnings.warn(message, UserWarning)
+            warnings.warn(message, UserWarning, stacklevel=1)
     assert not seen
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        warnings.warn(message, UserWarning)
+        warnings.warn(message, UserWarning, stacklevel=1)
     assert len(seen) == 1  # after the run a user's own FSDP code still hears it
