@@ -377,6 +377,10 @@ def test_grad_checkpointing_covers_end_to_end_only_and_a_finished_stage_names_it
     out = capsys.readouterr().out
     assert "has its 1 epochs (a longer --transfer-epochs continues it)" in out
     assert "has its 1 epochs (a longer --epochs continues it)" in out
+    run_distill(config.replace(resume="auto", transfer_epochs=2))  # a longer transfer under a finished end
+    out, err = capsys.readouterr()
+    assert "new schedule (--transfer-epochs 1 -> 2)" in out  # was "--epochs 1 -> 2", a flag the user never gave
+    assert "attention transfer goes on (1 -> 2 epochs) but the end-to-end stage" in err
 
 
 def test_settings_of_a_stage_not_run_are_named_not_dropped(digits, tmp_path, capsys):

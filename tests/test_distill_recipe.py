@@ -97,6 +97,20 @@ def test_a_resumed_run_keeps_the_form_its_folder_stored(tmp_path):
     assert with_recipe(base)[0].mixer == IMAGE_MIXER  # not resuming: today's pick
 
 
+def test_a_resumed_run_keeps_the_stages_and_window_its_folder_stored(tmp_path):
+    """A `--stages attention` run resumed with `--resume auto` alone trained a whole new attention stage into
+    OUT/attention, then was refused for '--stages attention -> both': the stages left open are the stored ones."""
+    from linvit.distillation.task import DistillConfig, with_recipe
+
+    stored = {"mixer": "katz_rows:hedgehog", "gamma_init": 0.5, "stages": "attention", "window": None}
+    (tmp_path / "args.yaml").write_text(yaml.safe_dump(stored))  # an attention-only run writes OUT itself
+    base = DistillConfig(teacher="vit_4l_patch16_224", output=str(tmp_path), resume="auto")
+    config, _ = with_recipe(base)
+    assert (config.mixer, config.stages, config.window) == ("katz_rows:hedgehog", "attention", None)
+    assert with_recipe(base.replace(stages="both"))[0].stages == "both"  # asked for: kept (and judged by resume)
+    assert with_recipe(base.replace(resume=None))[0].stages == "both"  # a new run: today's pick
+
+
 def test_a_language_run_with_no_recipe_flags_gets_the_window_and_transfer_only(tmp_path):
     transformers = pytest.importorskip("transformers")
     import linvit

@@ -6,7 +6,7 @@ teachers' steps: 99.3 against 96.0% on `digit`, 100.1 against 92.4% on `max`, 96
 64 tokens). Causal language models get Katz-InfSA with learned maps, linvit's infinite-hop form, which ties the
 measured best, the anchor's LoLCATs form, with the window below at 128 and 512 tokens (1.76 against 1.75%, -0.21
 against -0.21% loss gap). The pick does not depend on --strategy; a resumed run keeps the form its folder stored
-(stored_mixer).
+(stored_recipe).
 
 Causal language-model teachers with a stateful O(N) student form (causal Katz-InfSA, linear attention) get
 the sliding-window hybrid at LM_WINDOW tokens and spend the whole run on attention transfer: on the GPT-2 of
@@ -53,11 +53,12 @@ def chosen_mixer(mixer: str, language: bool) -> str:
     return LANGUAGE_MIXER if language else IMAGE_MIXER
 
 
-def stored_mixer(output: str | None, resume: str | None) -> tuple[str, float] | None:
-    """(mixer, gamma_init) a run folder being resumed stored (its own args.yaml, or its attention stage's), so
-    that --mixer auto resumes the form the run was started with, whatever today's pick or --strategy."""
+def stored_recipe(output: str | None, resume: str | None) -> dict:
+    """The recipe a run folder being resumed stored (its own args.yaml, or its attention stage's): mixer,
+    gamma_init, stages, window, so that flags left open resume what the run started with, whatever today's
+    picks or --strategy; {} for a new run."""
     if not resume or not output:
-        return None
+        return {}
     import yaml
 
     for folder in (Path(output), Path(output) / "attention"):
@@ -65,5 +66,5 @@ def stored_mixer(output: str | None, resume: str | None) -> tuple[str, float] | 
         if args.is_file():
             stored = yaml.safe_load(args.read_text()) or {}
             if stored.get("mixer") not in (None, AUTO):
-                return stored["mixer"], stored.get("gamma_init")
-    return None
+                return {k: stored.get(k) for k in ("mixer", "gamma_init", "stages", "window")}
+    return {}

@@ -38,7 +38,7 @@ from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
 from ..weights import load_weights
 from .attention_weights import check_transfer_loss
-from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_window, stored_mixer
+from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_window, stored_recipe
 from .student import make_student, merged, train_only_converted_layers, train_only_feature_maps, with_lora
 from .teacher import Logits, Teacher, absolute_teacher, causal_language_teacher, load_teacher, logits_of
 from .text import text_splits
@@ -191,8 +191,8 @@ class Distillation(Task):
         model = Distiller(student, teacher.model, taps, self.stage, config, teacher.language)
         return Parts(model, train_set, val_loader, collate, labels)
 
-    def epochs_flag(self) -> str:
-        return "--transfer-epochs" if self.stage == "attention" else "--epochs"
+    def flag_names(self) -> dict[str, str]:
+        return {"epochs": "--transfer-epochs", "lr": "--transfer-lr"} if self.stage == "attention" else {}
 
     def unused_settings(self, config: DistillConfig) -> frozenset[str]:
         """What --resume does not hold against this stage: the other stage's settings. Attention transfer's length
@@ -385,6 +385,24 @@ STAGE_HINTS = {
 }
 
 
+def stale_end_to_end_warning(config: DistillConfig) -> str | None:
+    """A line where a resume lengthens attention transfer under a finished end-to-end stage: the transfer trains
+    on, but the end-to-end stage has its epochs and keeps the model it made from the shorter transfer."""
+    if not config.resume or config.stages != "both":
+        return None
+    out = Path(config.output)
+    transfer = out / "attention" / "metrics.jsonl"
+    if not (out / "model.safetensors").is_file() or not transfer.is_file():
+        return None
+    done = len(transfer.read_text().splitlines())
+    if done >= config.transfer_epochs:
+        return None
+    return (
+        f"linvit distill: warning: attention transfer goes on ({done} -> {config.transfer_epochs} epochs) but the "
+        f"end-to-end stage in {out} has finished and keeps its model; distil into a new --output to use it"
+    )
+
+
 def checkpointing_notice(config: DistillConfig) -> str | None:
     """A line where --grad-checkpointing meets attention transfer, which runs without it (stage_configs)."""
     if not config.grad_checkpointing or config.stages == "end-to-end":
@@ -413,14 +431,18 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     The run stores the choice (None for no window, as runs before the default stored it)."""
     language = causal_language_teacher(config.teacher)
     chosen = []
+    stored = stored_recipe(config.output, config.resume)  # what a resumed run started with, for flags left open
     if config.mixer == AUTO:
-        stored = stored_mixer(config.output, config.resume)
-        if stored is not None:  # the form the resumed run started with (its first discount too, if left open)
-            mixer, gamma = stored
-            config = config.replace(mixer=mixer, gamma_init=gamma if config.gamma_init is None else config.gamma_init)
+        if stored:  # the form the resumed run started with (its first discount too, if left open)
+            gamma = stored["gamma_init"] if config.gamma_init is None else config.gamma_init
+            config = config.replace(mixer=stored["mixer"], gamma_init=gamma)
         else:
             config = config.replace(mixer=chosen_mixer(config.mixer, language))
             chosen.append(f"--mixer {config.mixer}")
+    if config.stages == AUTO and stored.get("stages") not in (None, AUTO):
+        config = config.replace(stages=stored["stages"])
+    if config.window is None and stored.get("window") is not None:
+        config = config.replace(window=stored["window"])
     window = chosen_window(config.window, config.mixer, language)
     stages = chosen_stages(config.stages, window if language else None)  # transfer only: measured on LMs only
     if config.window is None and window is not None:
@@ -455,6 +477,7 @@ def run_distill(config: DistillConfig) -> nn.Module:
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
     config, chosen = with_recipe(config)
     notices = (chosen, skipped_stage_settings(config), checkpointing_notice(config), random_teacher_warning(config))
+    notices += (stale_end_to_end_warning(config),)
     for notice in notices:
         if notice and int(os.environ.get("RANK", "0")) == 0:  # once under torchrun (before the process group exists)
             print(notice, file=sys.stderr)

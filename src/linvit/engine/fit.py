@@ -97,9 +97,10 @@ class Task:
         """Config fields this task's run never reads: a resume may change them (they touched no state)."""
         return frozenset()
 
-    def epochs_flag(self) -> str:
-        """The flag that sets this run's epochs (what a message tells a user to lengthen)."""
-        return "--epochs"
+    def flag_names(self) -> dict[str, str]:
+        """Config fields this task's command sets under another flag than --field-name (what resume messages
+        name: distill's attention transfer takes its epochs and lr from --transfer-epochs and --transfer-lr)."""
+        return {}
 
     def frozen_models(self) -> list[nn.Module]:
         """Models the task runs but does not train (distillation's teacher): fsdp shards them as it does the
@@ -181,7 +182,7 @@ def build_run(task: Task, config: TrainConfig, output: Path, rank: int, world: i
     lr = task.learning_rate(config, world)
     optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr)
     run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)
-    run.start_epoch, run.history = resume_run(run, task.unused_settings(config), task.epochs_flag())
+    run.start_epoch, run.history = resume_run(run, task.unused_settings(config), task.flag_names())
     if rank == 0:
         record.write_run_config(output, config)
         print(task.summary(run))

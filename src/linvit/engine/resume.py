@@ -125,12 +125,21 @@ def plan_changes(saved: Mapping[str, str], now: Mapping) -> dict[str, tuple[str,
     return {k: (saved[k], current[k]) for k in current if k in shared and not same_value(saved[k], current[k])}
 
 
-def describe_changes(changes: dict[str, tuple[str, str]]) -> str:
-    return ", ".join(f"--{k.replace('_', '-')} {old} -> {new}" for k, (old, new) in changes.items())
+def flag_of(field: str, names: Mapping[str, str] | None = None) -> str:
+    """The command-line flag of a config field: names' spelling (Task.flag_names), else --field-name."""
+    return (names or {}).get(field, f"--{field.replace('_', '-')}")
+
+
+def describe_changes(changes: dict[str, tuple[str, str]], names: Mapping[str, str] | None = None) -> str:
+    return ", ".join(f"{flag_of(k, names)} {old} -> {new}" for k, (old, new) in changes.items())
 
 
 def check_plan(
-    path: Path, saved: Mapping[str, str], now: Mapping, unused: frozenset[str] = frozenset()
+    path: Path,
+    saved: Mapping[str, str],
+    now: Mapping,
+    unused: frozenset[str] = frozenset(),
+    names: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """The schedule flags that changed since the checkpoint; any other changed planned flag is a usage error,
     but for the ones the run never reads (unused)."""
@@ -138,7 +147,7 @@ def check_plan(
     fixed = {k: v for k, v in changes.items() if k not in SCHEDULE_FLAGS}
     if fixed:
         raise UsageError(
-            f"cannot resume from {path} with {describe_changes(fixed)}: its state was trained with the old "
+            f"cannot resume from {path} with {describe_changes(fixed, names)}: its state was trained with the old "
             "values; resume with them (its args.yaml), or train into a new --output"
         )
     return changes
@@ -166,7 +175,9 @@ def read_checkpoint(path: Path, is_sharded: bool | None = None, mmap: bool = Fal
     return ckpt
 
 
-def resume_run(run, unused: frozenset[str] = frozenset(), epochs_flag: str = "--epochs") -> tuple[int, list[dict]]:
+def resume_run(
+    run, unused: frozenset[str] = frozenset(), names: Mapping[str, str] | None = None
+) -> tuple[int, list[dict]]:
     """Restore a Run's state from the checkpoint its --resume finds; returns (start epoch, history).
 
     A run whose schedule flags differ from the checkpoint's keeps the scheduler built from its own config, so
@@ -181,7 +192,7 @@ def resume_run(run, unused: frozenset[str] = frozenset(), epochs_flag: str = "--
     ckpt = on_every_rank(lambda: read_agreed(path, epoch, is_sharded, run.rank))
     saved = {**run.config.ABSENT_MEANS, **(ckpt.get("args") or {})}
     kept_global, world_line = world_change(saved, ckpt.get("world"), run.config.batch_size, run.world)
-    new_schedule = check_plan(path, saved, run.config.to_dict(), unused | kept_global)
+    new_schedule = check_plan(path, saved, run.config.to_dict(), unused | kept_global, names)
     load_weights(run, path, ckpt, is_sharded)
     if not new_schedule:
         run.scheduler.load_state_dict(ckpt["scheduler"])
@@ -195,12 +206,14 @@ def resume_run(run, unused: frozenset[str] = frozenset(), epochs_flag: str = "--
         print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
         if ckpt["epoch"] + 1 >= run.config.epochs:
             epochs = run.config.epochs
-            print(f"nothing left to train: the run has its {epochs} epochs (a longer {epochs_flag} continues it)")
+            longer = flag_of("epochs", names)
+            print(f"nothing left to train: the run has its {epochs} epochs (a longer {longer} continues it)")
         for line in (world_line, strategy_change(saved, is_sharded, run.config.strategy)):
             if line:
                 print(line)
         if new_schedule:
-            print(f"new schedule ({describe_changes(new_schedule)}): the learning rate follows it from this epoch on")
+            changes = describe_changes(new_schedule, names)
+            print(f"new schedule ({changes}): the learning rate follows it from this epoch on")
     return ckpt["epoch"] + 1, history
 
 
