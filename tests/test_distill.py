@@ -9,8 +9,10 @@ import copy
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
+import sklearn.datasets
 import torch
 import torch.nn.functional as F
 
@@ -22,6 +24,7 @@ from linvit.distillation.text import TokenWindows
 from linvit.distillation.transfer import LayerTaps, layer_pairs
 from linvit_cli import main as cli_main
 
+PHOTO = Path(sklearn.datasets.__file__).parent / "images" / "china.jpg"  # a real photograph scikit-learn ships
 TINY_VIT = {"patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10}
 RUNTIME = {"workers": 0, "device": "cpu", "progress": False, "batch_size": 8}
 
@@ -294,6 +297,10 @@ def test_torchvision_and_hugging_face_vision_teachers(digits, tmp_path):
             again = reloaded(x)
             again = again if isinstance(again, torch.Tensor) else again.logits
         torch.testing.assert_close(again, out)
+        # predict: the size it learned at (not 224: an assertion or a size error) and a ModelOutput's logits
+        picture = linvit.load_image(PHOTO, reloaded)
+        assert picture.shape[-2:] == (32, 32)
+        assert len(linvit.predict(reloaded, [picture], topk=3)[0]["topk"]) == 3
         with pytest.raises(ValueError, match="not a timm model: load it with linvit.load_run"):
             from linvit.evaluate import EvalConfig, run_eval
 

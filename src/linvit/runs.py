@@ -13,7 +13,7 @@ from pathlib import Path
 import torch.nn as nn
 
 from .errors import UsageError
-from .utils.artifacts import WEIGHTS
+from .utils.artifacts import WEIGHTS, pretrained_data_fields
 from .weights import load_weights, read_run_config
 
 
@@ -37,6 +37,9 @@ def load_run(path: str | Path) -> nn.Module:
 
         model = rebuild_student(info.get("args") or {})
         load_weights(model, folder / WEIGHTS)
+        if info.get("data_config"):  # the size and normalisation it learned at, where timm's tools look for them
+            fields = pretrained_data_fields(info["data_config"])
+            model.pretrained_cfg = {**(getattr(model, "pretrained_cfg", None) or {}), **fields}
     elif task == "generation":
         from .generate.sample import load_generator
 

@@ -93,7 +93,8 @@ def predict(
         batch = images[indices[0]][None] if len(indices) == 1 else torch.stack([images[i] for i in indices])
         batch = batch.to(device)  # one image is a view, not a copy: at 8K the copy alone is 805 MB
         with autocast(device, amp):
-            probs = model(batch).float().softmax(-1)
+            out = model(batch)  # a Hugging Face classifier (a distilled student of one) returns a ModelOutput
+            probs = (out if isinstance(out, torch.Tensor) else out.logits).float().softmax(-1)
         values, classes = probs.topk(min(topk, probs.shape[-1]), dim=-1)
         for i, v, c in zip(indices, values.cpu().tolist(), classes.cpu().tolist(), strict=True):
             labels = [names[k] if k < len(names) else str(k) for k in c]
