@@ -63,7 +63,8 @@ VARIANTS = {
     "distill_transfer_gamma0.1": ("distill, gamma_init 0.1", ["--gamma-init", "0.1"]),
     "distill_transfer_xent": ("distill, mse+xent", ["--transfer-loss", "mse+xent"]),
 }
-VARIANT_MIXERS = ("katz_infsa:hedgehog", "katz_rows:hedgehog")  # a variant's rows appear where its runs exist
+# a variant's rows appear where its runs exist (the anchor's mse+xent: katz_rows' comparison on the same loss)
+VARIANT_MIXERS = ("katz_infsa:hedgehog", "katz_rows:hedgehog", "linear_attention:hedgehog")
 # issue 44: students with Hedgehog's learned feature maps, Katz-InfSA's and the anchor form's, ViT-AdaLA's plain
 # linear attention ("adala"), on Katz's recipe (distill rows only); katz_rows: Katz-InfSA with per-query normalised
 # rows (layers.katz_rows)
@@ -447,6 +448,7 @@ def other_teachers(summary: dict, published: Path) -> bool:
 
 # issue 44: katz_rows beside Katz-InfSA with the same maps and the anchor, each task on one set of teachers
 ROWS_FORMS = ("katz_infsa:hedgehog", "katz_rows:hedgehog", "linear_attention:hedgehog")
+ROWS_METHODS = ("distill", "distill, mse+xent")  # each form on Katz's recipe, and with the weight loss beside
 
 
 def rows_comparison(out: Path, published: Path) -> dict:
@@ -461,9 +463,9 @@ def rows_comparison(out: Path, published: Path) -> dict:
                 found[task_name] = earlier[task_name]
             continue
         summary = vision_summary(out, [0, 1, 2], task_name, published.parent / f"{part}.json")
-        rows = [r for r in summary["rows"] if r["method"] == "distill" and r["budget"] == 0.1]
+        rows = [r for r in summary["rows"] if r["method"] in ROWS_METHODS and r["budget"] == 0.1]
         rows = [r for r in rows if r["mixer"] in ROWS_FORMS]
-        if {r["mixer"] for r in rows} != set(ROWS_FORMS):
+        if {r["mixer"] for r in rows if r["method"] == "distill"} != set(ROWS_FORMS):
             if task_name in earlier:
                 found[task_name] = earlier[task_name]
             continue

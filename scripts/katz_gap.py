@@ -46,6 +46,7 @@ STUDENTS = {  # the distill tables' students: name -> (mixer, its runs' folder u
     "katz_rows:hedgehog": ("katz_rows:hedgehog", "distill_transfer"),
     "katz_rows:hedgehog, mse+xent": ("katz_rows:hedgehog", "distill_transfer_xent"),
     "linear_attention:hedgehog": ("linear_attention:hedgehog", "distill_transfer"),
+    "linear_attention:hedgehog, mse+xent": ("linear_attention:hedgehog", "distill_transfer_xent"),
 }
 STAGES = {"after transfer": "attention", "final": "."}  # the student's two run folders: its first stage's, its own
 BEGIN, END = "<!-- katz-gap:begin -->", "<!-- katz-gap:end -->"
