@@ -85,6 +85,12 @@ def test_every_public_path_takes_it():
     language model refused in one line that says why."""
     model = timm.create_model("infvit_tiny_patch16_224", mixer="katz_rows", img_size=32, depth=1, embed_dim=24)
     assert isinstance(model.blocks[0].attn, KatzRowsAttention)
+    spelled = timm.create_model("infvit_tiny_patch16_224", mixer="katz_rows:hedgehog", img_size=32, depth=1)
+    assert spelled.blocks[0].attn.feature_map == "hedgehog"  # convert's spelling works in mixer= too
+    with pytest.raises(ValueError, match="contradicts feature_map='elu\\+1'"):
+        timm.create_model("infvit_tiny_patch16_224", mixer="katz_rows:hedgehog", feature_map="elu+1", depth=1)
+    with pytest.raises(ValueError, match="'pure_infsa' takes no ':option'"):
+        timm.create_model("infvit_tiny_patch16_224", mixer="pure_infsa:hedgehog", depth=1)
     vit = timm.create_model("vit_4l_patch16_224", img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3)
     student = linvit.convert(copy.deepcopy(vit), "katz_rows:hedgehog", gamma_init=0.5)
     layer = student.blocks[0].attn

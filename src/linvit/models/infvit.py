@@ -12,6 +12,7 @@ import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
+from ..errors import UsageError
 from ..layers import KatzInfSAAttention, LinearAttention, LinearInfSAAttention, PureInfSAAttention
 from ..layers.feature_maps import FeatureMap
 from ..layers.graph_capture import is_fx_tracing, parent_method, traced_pos_embed
@@ -31,12 +32,27 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _with_option(mixer: str, record, feature_map, linear_variant):
+    """(feature_map, linear_variant) with the option of a mixer spelled as convert spells it ("katz_rows:hedgehog",
+    "linear_infsa:floor"); an option that contradicts the keyword is one line."""
+    name, _, option = mixer.partition(":")
+    if not option:
+        return feature_map, linear_variant
+    if record.option is None or record.option.name not in ("feature_map", "linear_variant"):
+        raise UsageError(f"mixer {name!r} takes no ':option'; got {mixer!r}")
+    given = feature_map if record.option.name == "feature_map" else linear_variant
+    if given not in (None, option, record.option.default):
+        raise UsageError(f"mixer={mixer!r} contradicts {record.option.name}={given!r}")
+    return (option, linear_variant) if record.option.name == "feature_map" else (feature_map, option)
+
+
 class InfViT(VisionTransformer, TokenChunking):
     """timm VisionTransformer with a selectable token mixer and validated input.
 
     Args:
         mixer: a registered mixer's name (linvit.list_mixers(): "softmax", "pure_infsa", "linear_infsa",
-            "katz_infsa", "linear_attention", or one of yours); the old "pure", "linear", "katz" still work.
+            "katz_infsa", "katz_rows", "linear_attention", or one of yours), optionally with its option as
+            linvit.convert spells it ("katz_rows:hedgehog"); the old "pure", "linear", "katz" still work.
         gamma_init: initial per-head discount of InfSA mixers.
         attn_impl: pure InfSA form, "auto" | "dense" | "chunked".
         fold_kv: Linear-InfSA folds the K/V projections (identical outputs, fewer FLOPs).
@@ -69,7 +85,8 @@ class InfViT(VisionTransformer, TokenChunking):
         token_chunk: int | str | None = "auto",
         **kwargs,
     ) -> None:
-        record = get_mixer(mixer)  # a one-line error for an unknown one
+        record = get_mixer(mixer.partition(":")[0])  # a one-line error for an unknown one
+        feature_map, linear_variant = _with_option(mixer, record, feature_map, linear_variant)
         check_choice("attn_impl", attn_impl, PureImpl)
         check_choice("fold_kv", fold_kv, FoldKV)
         check_choice("linear_variant", linear_variant, LinearVariant)
