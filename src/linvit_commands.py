@@ -539,7 +539,7 @@ COMMANDS = (
         flag(
             "--gamma-init",
             type=float,
-            help="the converted layers' first discount (default: 0.5 for katz_infsa, at softmax's scale; else 0.9)",
+            help="the converted layers' first discount (default: 0.5 for katz_infsa and katz_rows; else 0.9)",
         ),
         flag("--feature-dim", type=POSITIVE, help="a learned feature map's size f (hedgehog; default head dim)"),
         flag(

@@ -155,3 +155,12 @@ def test_a_named_teacher_without_weights_is_warned_about(tmp_path):
     assert "has random weights" in random_teacher_warning(tv.replace(model_kwargs={"weights": None}))
     assert random_teacher_warning(base.replace(teacher=str(tmp_path))) is None  # a folder: a run's weights
     assert random_teacher_warning(base.replace(teacher="hf:gpt2")) is None
+
+
+def test_a_window_that_covers_the_whole_context_is_warned_about():
+    from linvit.distillation.task import window_covers_context_warning
+
+    config = DistillConfig(teacher="hf:x", window=64, context=32)
+    assert "--window 64 covers the whole --context 32" in window_covers_context_warning(config)
+    assert window_covers_context_warning(config.replace(context=128)) is None
+    assert window_covers_context_warning(config.replace(window=None)) is None

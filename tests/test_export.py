@@ -353,3 +353,14 @@ def test_dynamic_size_file_refuses_the_sizes_the_command_refuses(fmt, tmp_path, 
         with pytest.raises(Exception):  # noqa: B017 (onnxruntime's and torch.export's own errors)
             run(torch.randn(1, 3, *size))
     assert "other sizes: " + {"onnx": "onnxruntime fails", "pt2": "the program raises"}[fmt] in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("task, said", [("distillation", "a student of a torchvision or Hugging Face teacher"),
+                                        ("segmentation", "a segmentation run")])  # fmt: skip
+def test_a_run_that_is_not_a_timm_classifier_is_refused_saying_what_it_is(tmp_path, task, said):
+    """A torchvision or Hugging Face student was refused as 'a distillation run', yet timm students export."""
+    from linvit.export import load_export_model
+
+    (tmp_path / "config.json").write_text(json.dumps({"linvit": {"task": task}}))
+    with pytest.raises(ValueError, match=f"{said}; export takes timm classifiers"):
+        load_export_model(str(tmp_path), {}, None)

@@ -69,7 +69,12 @@ def load_export_model(spec: str, model_kwargs: dict, img_size: tuple[int, int] |
     if run is not None:
         folder, config = run
         if not config.get("architecture"):
-            raise UsageError(f"{folder}: a {config['linvit'].get('task')} run; export takes classification runs")
+            task = config["linvit"].get("task")
+            what = "a student of a torchvision or Hugging Face teacher" if task == "distillation" else f"a {task} run"
+            raise UsageError(
+                f"{folder}: {what}; export takes timm classifiers (classification runs and timm students); "
+                "load it with linvit.load_run and torch.onnx.export it"
+            )
         model = timm.create_model(f"local-dir:{folder}", pretrained=True, **model_kwargs)  # = linvit.load_run
         model.label_names = config.get("label_names")  # an .onnx file stores them (predict's labels)
         return model, config["architecture"], True

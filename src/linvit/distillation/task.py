@@ -456,6 +456,18 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     return config, f"linvit distill: {kind} teacher: {' '.join(chosen)} (docs/distill.md#defaults)"
 
 
+def window_covers_context_warning(config: DistillConfig) -> str | None:
+    """A line where the sliding window (exact softmax) spans every training window: the student's linear part
+    never mixes a token, so attention transfer trains nothing of it (found with --context 32 and the default 64)."""
+    if config.window and config.window >= config.context:
+        return (
+            f"linvit distill: warning: --window {config.window} covers the whole --context {config.context}: the "
+            "student is exact softmax on every training window and its linear part learns nothing; use a longer "
+            "--context or a shorter --window"
+        )
+    return None
+
+
 def random_teacher_warning(config: DistillConfig) -> str | None:
     """A line for a timm or torchvision name given without weights: its student would learn a random model (and
     keep "100%" of it)."""
@@ -477,7 +489,7 @@ def run_distill(config: DistillConfig) -> nn.Module:
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
     config, chosen = with_recipe(config)
     notices = (chosen, skipped_stage_settings(config), checkpointing_notice(config), random_teacher_warning(config))
-    notices += (stale_end_to_end_warning(config),)
+    notices += (stale_end_to_end_warning(config), window_covers_context_warning(config))
     for notice in notices:
         if notice and int(os.environ.get("RANK", "0")) == 0:  # once under torchrun (before the process group exists)
             print(notice, file=sys.stderr)
