@@ -121,9 +121,19 @@ def test_switching_the_method_redraws_the_map(page_and_models):
     page.get_by_role("option", name="column", exact=True).click()
     # the dropdown holds the choice before Run reads it (under load, a click could outrun the selection)
     page.wait_for_function("() => document.querySelector('#method input')?.value === 'column'", timeout=60_000)
-    page.click("#run")
-    page.wait_for_function("() => document.querySelector('#method-0')?.textContent.includes('column')", timeout=120_000)
-    page.wait_for_function("() => document.querySelector('#method-1')?.textContent.includes('column')", timeout=120_000)
+    # under heavy load Gradio can still send the old value with the first click (its change event arrives
+    # after it; seen once more in a loaded CI run): Run again, up to 3 times, until both maps say 'column'
+    switched = (
+        "() => ['#method-0', '#method-1'].every(id => document.querySelector(id)?.textContent.includes('column'))"
+    )
+    for attempt in range(3):
+        page.click("#run")
+        try:
+            page.wait_for_function(switched, timeout=90_000)
+            return
+        except Exception as err:  # playwright's TimeoutError (its module is imported only where installed)
+            if attempt == 2 or type(err).__name__ != "TimeoutError":
+                raise
 
 
 def test_demo_command_errors_are_one_line(tmp_path, capsys):
