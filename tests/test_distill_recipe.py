@@ -111,6 +111,17 @@ def test_a_resumed_run_keeps_the_stages_and_window_its_folder_stored(tmp_path):
     assert with_recipe(base.replace(resume=None))[0].stages == "both"  # a new run: today's pick
 
 
+def test_a_resumed_language_run_without_a_window_keeps_none(tmp_path):
+    """A --window 0 run stores window None; resumed with the window left open it took the default 64 and was
+    refused ('--window None -> 64')."""
+    from linvit.distillation.task import DistillConfig, with_recipe
+
+    (tmp_path / "args.yaml").write_text(yaml.safe_dump({"mixer": "katz_infsa:hedgehog", "gamma_init": 0.5,
+                                                        "stages": "both", "window": None}))  # fmt: skip
+    config = DistillConfig(teacher="vit_4l_patch16_224", output=str(tmp_path), resume="auto")
+    assert with_recipe(config)[0].window is None
+
+
 def test_a_language_run_with_no_recipe_flags_gets_the_window_and_transfer_only(tmp_path):
     transformers = pytest.importorskip("transformers")
     import linvit

@@ -87,8 +87,8 @@ def test_every_public_path_takes_it():
     assert isinstance(model.blocks[0].attn, KatzRowsAttention)
     spelled = timm.create_model("infvit_tiny_patch16_224", mixer="katz_rows:hedgehog", img_size=32, depth=1)
     assert spelled.blocks[0].attn.feature_map == "hedgehog"  # convert's spelling works in mixer= too
-    with pytest.raises(ValueError, match="contradicts feature_map='elu\\+1'"):
-        timm.create_model("infvit_tiny_patch16_224", mixer="katz_rows:hedgehog", feature_map="elu+1", depth=1)
+    with pytest.raises(ValueError, match="contradicts feature_map='relu'"):  # relu is katz_rows' default
+        timm.create_model("infvit_tiny_patch16_224", mixer="katz_rows:hedgehog", feature_map="relu", depth=1)
     with pytest.raises(ValueError, match="'pure_infsa' takes no ':option'"):
         timm.create_model("infvit_tiny_patch16_224", mixer="pure_infsa:hedgehog", depth=1)
     vit = timm.create_model("vit_4l_patch16_224", img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3)

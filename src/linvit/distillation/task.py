@@ -31,6 +31,7 @@ from ..data import collate_images
 from ..data.splits import open_split
 from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation, sharding
+from ..engine.resume import find_resume
 from ..engine.sharding import is_sharded
 from ..errors import UsageError
 from ..mixers import conversion_forms, get_mixer
@@ -386,20 +387,23 @@ STAGE_HINTS = {
 
 
 def stale_end_to_end_warning(config: DistillConfig) -> str | None:
-    """A line where a resume lengthens attention transfer under a finished end-to-end stage: the transfer trains
-    on, but the end-to-end stage has its epochs and keeps the model it made from the shorter transfer."""
+    """A line where a resume lengthens attention transfer under an end-to-end stage that has started (finished,
+    or a checkpoint): the transfer trains on, but the end-to-end stage resumes from its own state, made from the
+    shorter transfer."""
     if not config.resume or config.stages != "both":
         return None
     out = Path(config.output)
     transfer = out / "attention" / "metrics.jsonl"
-    if not (out / "model.safetensors").is_file() or not transfer.is_file():
+    started = (out / "model.safetensors").is_file() or find_resume(out, "auto") is not None
+    if not started or not transfer.is_file():
         return None
     done = len(transfer.read_text().splitlines())
     if done >= config.transfer_epochs:
         return None
     return (
         f"linvit distill: warning: attention transfer goes on ({done} -> {config.transfer_epochs} epochs) but the "
-        f"end-to-end stage in {out} has finished and keeps its model; distil into a new --output to use it"
+        f"end-to-end stage in {out} started from the shorter transfer and resumes from its own state; distil into "
+        "a new --output to use the longer one"
     )
 
 
@@ -433,16 +437,17 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     chosen = []
     stored = stored_recipe(config.output, config.resume)  # what a resumed run started with, for flags left open
     if config.mixer == AUTO:
-        if stored:  # the form the resumed run started with (its first discount too, if left open)
-            gamma = stored["gamma_init"] if config.gamma_init is None else config.gamma_init
-            config = config.replace(mixer=stored["mixer"], gamma_init=gamma)
+        if stored:  # the form the resumed run started with
+            config = config.replace(mixer=stored["mixer"])
         else:
             config = config.replace(mixer=chosen_mixer(config.mixer, language))
             chosen.append(f"--mixer {config.mixer}")
+    if config.gamma_init is None and stored.get("mixer") == config.mixer:  # auto's first discount, if left open
+        config = config.replace(gamma_init=stored["gamma_init"])  # (an explicit --mixer fills in its default)
     if config.stages == AUTO and stored.get("stages") not in (None, AUTO):
         config = config.replace(stages=stored["stages"])
-    if config.window is None and stored.get("window") is not None:
-        config = config.replace(window=stored["window"])
+    if config.window is None and stored:  # a stored None is no window (--window 0, or a folder from before)
+        config = config.replace(window=stored.get("window") or 0)
     window = chosen_window(config.window, config.mixer, language)
     stages = chosen_stages(config.stages, window if language else None)  # transfer only: measured on LMs only
     if config.window is None and window is not None:

@@ -50,7 +50,8 @@ def _output_tensor(output) -> torch.Tensor:
 
 
 class _ZeroThrough(torch.autograd.Function):
-    """0 in forward, zeros in backward, for any input (no 0 x inf = NaN where an output is not finite)."""
+    """0 in forward, zeros in backward, for any input (no 0 x inf = NaN at the output itself; a non-finite value
+    inside the layer still meets the zeros in its own backward, as any gradient would)."""
 
     @staticmethod
     def forward(ctx, t: torch.Tensor) -> torch.Tensor:

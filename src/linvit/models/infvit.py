@@ -41,7 +41,8 @@ def _with_option(mixer: str, record, feature_map, linear_variant):
     if record.option is None or record.option.name not in ("feature_map", "linear_variant"):
         raise UsageError(f"mixer {name!r} takes no ':option'; got {mixer!r}")
     given = feature_map if record.option.name == "feature_map" else linear_variant
-    if given not in (None, option, record.option.default):
+    unset = None if record.option.name == "feature_map" else "release"  # the keywords' own defaults
+    if given not in (unset, option):
         raise UsageError(f"mixer={mixer!r} contradicts {record.option.name}={given!r}")
     return (option, linear_variant) if record.option.name == "feature_map" else (feature_map, option)
 
