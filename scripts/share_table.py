@@ -2,7 +2,7 @@
 docs/bench/share/<dtype>.json (its records carry the CPU, extensions, threads, the GEMM peak measured in the same
 run and each point's share of it), and docs/benchmarks.md's share table is generated from those files.
 
-    python scripts/share_table.py --res 1024 --threads 2 --note "quiet machine"   # measure, then the table
+    python scripts/share_table.py --res 224,1024 --threads 2 --note "quiet machine"   # measure, then the table
     python scripts/share_table.py --table-only                                    # the table from the JSON
 """
 
@@ -32,7 +32,7 @@ DTYPES = ("fp32", "bf16")
 def measure(dtype: str, args: argparse.Namespace) -> None:
     """One `linvit bench` run (all families, one dtype); its bench.json, with the note, kept as <dtype>.json."""
     with tempfile.TemporaryDirectory() as tmp:
-        argv = ["linvit", "bench", "--models", ",".join(FAMILIES), "--res", str(args.res), "--batch", "1"]
+        argv = ["linvit", "bench", "--models", ",".join(FAMILIES), "--res", args.res, "--batch", "1"]
         argv += ["--iters", str(args.iters), "--threads", str(args.threads), "--dtype", dtype, "--output", tmp]
         subprocess.run(argv, check=True)
         data = json.loads((Path(tmp) / "bench.json").read_text())
@@ -57,7 +57,7 @@ def write_table() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--res", type=int, default=1024)
+    parser.add_argument("--res", default="224,1024", help="comma list: every family at each size")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--note", default="", help="the machine's state, stored in the JSON and shown in the table")

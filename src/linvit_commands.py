@@ -225,6 +225,10 @@ MODEL_KWARGS = flag("--model-kwargs", nargs="*", metavar="K=V", help=KWARGS_HELP
 IMG_SIZE_HW = flag("--img-size", type=POSITIVE, nargs="+", metavar="PX", check=_one_or_two("--img-size"))
 DEVICE = flag("--device", choices=DEVICES, help="auto: cuda when torch sees one, else cpu")
 AMP = flag("--amp", choices=["none", "bf16", "fp16"], help="autocast precision")
+PREDICT_AMP = AMP.but(
+    choices=["auto", "none", "bf16", "fp16"],
+    help="autocast precision; auto (default): bf16 on a CPU with native bf16 products, else none (float32)",
+)
 PROGRESS = flag("--progress", action=argparse.BooleanOptionalAction, help="a bar over the batches")
 SEED = flag("--seed", type=int)
 JSON = flag("--json", help="also write the metrics to this JSON file")
@@ -448,8 +452,9 @@ COMMANDS = (
         flag("--dtype", choices=["fp32", "bf16", "fp16"], help="non-fp32 runs under autocast"),
         flag(
             "--runtime",
-            choices=["eager", "onnxruntime"],
-            help="onnxruntime: also each point's graph exported to ONNX at its size, timed in onnxruntime (fp32 CPU)",
+            choices=["eager", "onnxruntime", "onnxruntime-int8"],
+            help="onnxruntime: also each point's graph exported to ONNX at its size, timed in onnxruntime (fp32 CPU); "
+            "onnxruntime-int8: that graph and its int8 quantization (export --quantize int8's)",
         ),
         flag(
             "--warmup", type=NON_NEGATIVE, help="untimed iterations (the first counts FLOPs; 0 = no warm-up, no FLOPs)"
@@ -763,7 +768,7 @@ COMMANDS = (
             help="per image: its importance map over the picture (DIR/<name>.png, original size) and raw (.npy)",
         ),
         flag("--method", help=f"map method: {METHODS_HELP}"),
-        AMP,
+        PREDICT_AMP,
         DEVICE,
         COMPILE,
         PROGRESS.but(help="a bar over the images"),
@@ -775,6 +780,7 @@ COMMANDS = (
         checkpoint("one or two run folders to compare").but(nargs="+", metavar="RUN"),
         flag("--model", help="without --checkpoint: this model with random weights"),
         flag("--topk", type=POSITIVE),
+        PREDICT_AMP.but(help="the top-k's autocast precision, as predict's (maps stay float32)"),
         flag("--host", help="address to listen on (default: this machine only)"),
         flag("--port", type=POSITIVE),
     ),

@@ -242,12 +242,14 @@ def test_thread_environment_and_the_cli_setting_reach_the_workers(tmp_path, monk
 def test_cpu_info_reads_the_model_and_matrix_extensions(tmp_path):
     from linvit.bench.machine import cpu_info
 
-    text = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx2 fma avx512f amx_tile "
-    (tmp_path / "cpuinfo").write_text(text + "amx_bf16 amx_int8 avx512_bf16\nprocessor\t: 1\nmodel name\t: other\n")
+    text = "processor\t: 0\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+    text += "stepping\t: 8\nflags\t\t: fpu avx2 fma avx512f amx_tile amx_bf16 amx_int8 avx512_bf16\n"
+    (tmp_path / "cpuinfo").write_text(text + "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: other\n")
     info = cpu_info(str(tmp_path / "cpuinfo"))
-    assert info["cpu_model"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert info["cpu_model"] == "Intel(R) Xeon(R) Platinum 8480+" and info["cpu_id"] == "family 6 model 143 stepping 8"
     assert info["cpu_extensions"] == ["avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]
-    assert cpu_info(str(tmp_path / "absent"))["cpu_extensions"] == []
+    absent = cpu_info(str(tmp_path / "absent"))
+    assert absent["cpu_extensions"] == [] and absent["cpu_id"] is None
 
 
 def test_gemm_peak_record_has_its_fields():
@@ -283,9 +285,42 @@ def test_each_point_gets_its_dtypes_peak_and_share():
     assert "share of GEMM peak" in markdown_table(shared) and "| 50% |" in markdown_table(shared)
     assert "share of GEMM peak" not in markdown_table(records)  # older records keep their table
     line = machine_line(machine)
+    assert "(family" not in line and "(family 26 model 2)" in machine_line({**machine, "cpu_id": "family 26 model 2"})
     assert "cpu x" in line and "avx512f" in line and "1 thread" in line and "fp32 100" in line
     assert "not measured" in machine_line({"status": "timeout", "reason": "r"})
     assert with_shares(records, None)[0]["peak_share"] is None
+
+
+def test_the_committed_onnxruntime_table_is_generated_from_the_committed_json():
+    """docs/benchmarks.md's onnxruntime table is scripts/ort_table.py's output from docs/bench/onnxruntime/*.json,
+    and that run timed every family three ways (eager, the float32 graph, its int8 quantization)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("ort_table", root / "scripts" / "ort_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    data = json.loads(table.FILE.read_text())
+    gemm = json.loads(table.GEMM_FILE.read_text())
+    seen = {(p["model"], p.get("runtime", "eager")) for p in data["points"] if p["status"] == "ok"}
+    assert seen == {(m, r) for m in table.FAMILIES for r in table.RUNTIMES}
+    assert table.section(data, gemm) in (root / "docs" / "benchmarks.md").read_text()
+
+
+def test_the_peak_is_the_better_of_the_measurements_before_and_after_the_points():
+    """A peak measured while something else ran (2.4x low in one run here) is no limit: the better one is kept."""
+    from linvit.bench.runner import best_peak
+
+    def machine(fp32, bf16, status="ok"):
+        gemm = {"fp32": {"gflops_per_s": fp32, "n": 1}, "bf16": {"gflops_per_s": bf16, "n": 2}}
+        return dict(status=status, gemm=gemm)
+
+    best = best_peak(machine(83.0, 800.0), machine(198.0, 790.0))
+    assert {d: g["gflops_per_s"] for d, g in best["gemm"].items()} == {"fp32": 198.0, "bf16": 800.0}
+    assert best["gemm_measured"] == [machine(83.0, 800.0)["gemm"], machine(198.0, 790.0)["gemm"]]
+    assert best_peak(machine(1.0, 1.0), {"status": "timeout"}) == machine(1.0, 1.0)
+    assert best_peak({"status": "error"}, machine(2.0, 2.0)) == machine(2.0, 2.0)
 
 
 def test_bmm_flops_are_our_count_with_and_without_out_dtype():

@@ -230,16 +230,21 @@ def test_only_usage_errors_are_one_line(data, tmp_path, monkeypatch, capsys):
         cli_main(_train(data, tmp_path))
 
 
-def test_threads_are_set_and_recorded(data, tmp_path):
+def test_threads_and_host_are_set_and_recorded(data, tmp_path):
+    """A run records what besides its code decides its float rounding: threads, the CPU kind, torch."""
     import json
 
     import torch
+
+    from linvit.utils.host import cpu_info
 
     before = torch.get_num_threads()
     try:
         argv = _train(data, tmp_path, "--img-size", "32", "--model-kwargs", "patch_size=8", "depth=1")
         assert cli_main([*argv, "--threads", "1"]) == 0
-        assert json.loads((tmp_path / "config.json").read_text())["linvit"]["threads"] == 1
+        info = json.loads((tmp_path / "config.json").read_text())["linvit"]
+        assert info["threads"] == 1 and info["torch"] == torch.__version__
+        assert {k: info[k] for k in ("cpu_model", "cpu_id", "cpu_extensions")} == cpu_info()
     finally:
         torch.set_num_threads(before)
 

@@ -118,8 +118,9 @@ def test_predict_on_an_onnx_file_gives_the_runs_labels_and_probabilities(run, tm
     assert cli_main(["export", "--model", str(folder), "--output", str(onnx_file)]) == 0
     images = sorted((data / "val").rglob("*.png"))[:6]
     common = ["predict", *map(str, images), "--topk", "3", "--no-progress"]
-    assert cli_main([*common, "--checkpoint", str(folder), "--output", str(tmp_path / "torch.jsonl")]) == 0
-    assert cli_main([*common, "--checkpoint", str(onnx_file), "--output", str(tmp_path / "onnx.jsonl")]) == 0
+    torch_fp32 = ["--amp", "none"]  # predict's default (auto) is bf16 on a CPU with native bf16 products
+    assert cli_main([*common, "--checkpoint", str(folder), "--output", str(tmp_path / "torch.jsonl"), *torch_fp32]) == 0
+    assert cli_main([*common, "--checkpoint", str(onnx_file), "--output", str(tmp_path / "onnx.jsonl")]) == 0  # auto
     torch_rows, onnx_rows = ([json.loads(line) for line in (tmp_path / f).read_text().splitlines()]
                              for f in ("torch.jsonl", "onnx.jsonl"))  # fmt: skip
     assert len(onnx_rows) == len(images)
@@ -159,15 +160,46 @@ def test_onnxruntime_bench_point_times_the_exported_graph():
     assert set(eager) <= set(record)  # every field of an eager point, so the tables take both
 
 
+def test_int8_bench_point_times_the_quantized_graph(monkeypatch):
+    """`--runtime onnxruntime-int8`'s point quantizes the exported graph (export --quantize int8's function) and
+    times that file; FLOPs stay the float model's, so FLOP/s compare the same work."""
+    from linvit.bench import onnx_point
+
+    quantized, sessions = [], []
+    real_quantize, real_session = onnx_point.quantize_int8, onnx_point.cpu_session
+    monkeypatch.setattr(onnx_point, "quantize_int8", lambda a, b: quantized.append(b) or real_quantize(a, b))
+    monkeypatch.setattr(onnx_point, "cpu_session", lambda path, n: sessions.append(path) or real_session(path, n))
+    spec = dict(model="linear_infvit_tiny_patch16_224", model_kwargs={"depth": 1}, res=32, iters=1)
+    fp32 = onnx_point.measure({**spec, "runtime": "onnxruntime"})
+    assert quantized == [] and fp32["runtime"] == "onnxruntime"
+    int8 = onnx_point.measure({**spec, "runtime": "onnxruntime-int8"})
+    assert sessions[-1] == quantized[0] and quantized[0].name.endswith(".int8.onnx")
+    assert int8["runtime"] == "onnxruntime-int8" and int8["gflops"] == fp32["gflops"] and int8["latency_ms"] > 0
+
+
+def test_bench_int8_runtime_sweeps_eager_float_and_int8_graphs(tmp_path, monkeypatch):
+    from linvit.bench import command
+
+    runtimes = []
+    monkeypatch.setattr(command, "measure_machine", lambda *a: {"status": "skipped"})
+    monkeypatch.setattr(command, "machine_line", lambda machine: "machine")
+    monkeypatch.setattr(command, "sweep", lambda m, r, common, *a, **k: runtimes.append(common.get("runtime")) or [])
+    monkeypatch.setattr(command, "write_outputs", lambda records, out, *a, **k: (out / "bench.md").write_text("") or {})
+    bench = ["bench", "--models", "linear_infvit_tiny_patch16_224", "--res", "32", "--output", str(tmp_path)]
+    assert cli_main([*bench, "--runtime", "onnxruntime-int8"]) == 0
+    assert runtimes == [None, "onnxruntime", "onnxruntime-int8"]
+
+
 def test_bench_routes_onnxruntime_points_and_names_the_runtime(monkeypatch):
     from linvit.bench import runner
     from linvit.bench.report import markdown_table, series_label
 
     seen = []
     monkeypatch.setattr(runner, "run_worker", lambda module, spec, *a: seen.append(module) or {**spec, "status": "ok"})
-    records = [runner.run_point({"model": "m", "res": 32, "runtime": r}) for r in ("eager", "onnxruntime")]
-    assert seen == ["linvit.bench.point", "linvit.bench.onnx_point"]
-    assert [r["runtime"] for r in records] == ["eager", "onnxruntime"]
+    runtimes = ("eager", "onnxruntime", "onnxruntime-int8")
+    records = [runner.run_point({"model": "m", "res": 32, "runtime": r}) for r in runtimes]
+    assert seen == ["linvit.bench.point", "linvit.bench.onnx_point", "linvit.bench.onnx_point"]
+    assert [r["runtime"] for r in records] == list(runtimes)
     assert series_label(records[1]) == "m (onnxruntime)" and series_label(records[0]) == "m"
     rows = [dict(r, latency_ms=1.0, latency_iqr_ms=0.0, tokens=4) for r in records]
     assert "| runtime |" in markdown_table(rows)

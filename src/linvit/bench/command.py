@@ -19,8 +19,11 @@ from ..utils.flops import count_flops
 from .machine import PEAK_DTYPES
 from .opcount import count_ops
 from .report import machine_line, write_outputs
-from .runner import ladder, measure_machine, sweep, with_shares
+from .runner import best_peak, ladder, measure_machine, sweep, with_shares
 from .suites import SUITES, suite_names
+
+# --runtime: the graphs timed beside each eager point (bench.onnx_point)
+RUNTIMES = {"eager": (), "onnxruntime": ("onnxruntime",), "onnxruntime-int8": ("onnxruntime", "onnxruntime-int8")}
 
 
 @dataclasses.dataclass
@@ -48,7 +51,8 @@ class BenchConfig(Config):
     model_kwargs: dict = dataclasses.field(default_factory=dict)
     output: str | None = None
     threads: int | None = None  # every worker's (points and the GEMM peak); None: torch's default
-    runtime: str = "eager"  # "onnxruntime": each point also as its exported graph in onnxruntime (bench.onnx_point)
+    runtime: str = "eager"  # "onnxruntime": each point also as its exported graph in onnxruntime (bench.onnx_point);
+    # "onnxruntime-int8": also as that graph's int8 quantization
 
 
 def run_bench(config: BenchConfig) -> None:
@@ -57,7 +61,9 @@ def run_bench(config: BenchConfig) -> None:
         raise UsageError("give --output DIR")
     if config.device == "auto":
         config = config.replace(device="cuda" if torch.cuda.is_available() else "cpu")
-    if config.runtime == "onnxruntime":
+    if config.runtime not in RUNTIMES:
+        raise UsageError(f"--runtime takes {', '.join(RUNTIMES)}, got {config.runtime!r}")
+    if config.runtime != "eager":
         _check_onnxruntime_run(config)
     if config.suite:
         plans = [_suite_plan(config, name) for name in suite_names(config.suite)]
@@ -183,10 +189,16 @@ def _run_plan(
         records, extra["ladder_max_res"] = ladder(models, res[0], point, timeout, mem_limit)
     else:
         records = sweep(models, res, common, timeout, mem_limit, batches=batches, compiles=compiles)
-        if runtime == "onnxruntime":  # the same points as exported graphs, beside the eager ones
-            ort = {**common, "runtime": "onnxruntime"}
+        for graph in RUNTIMES[runtime]:  # the same points as exported graphs, beside the eager ones
+            ort = {**common, "runtime": graph}
             records += sweep(models, res, ort, timeout, mem_limit, batches=batches, compiles=compiles)
+    if machine is not None:  # measured again after the points, the better of the two kept (runner.best_peak)
+        dtypes = (*PEAK_DTYPES, common["dtype"])
+        machine = best_peak(machine, measure_machine(common["device"], common.get("threads"), dtypes))
+        extra["machine"] = machine
     records = with_shares(records, machine)
+    if any((r.get("peak_share") or 0) > 1 for r in records):
+        print("warning: a point above its dtype's GEMM peak: the peak was measured low (a busy machine?)")
     slopes = write_outputs(records, Path(out), extra, references=references)
     print((Path(out) / "bench.md").read_text())
     for model, slope in slopes.items():
@@ -203,11 +215,11 @@ def _check_onnxruntime_run(config: BenchConfig) -> None:
     from .onnx_point import check_spec
 
     if config.suite or config.ladder:
-        raise UsageError("--runtime onnxruntime times a --models sweep (not --suite, not --ladder)")
+        raise UsageError(f"--runtime {config.runtime} times a --models sweep (not --suite, not --ladder)")
     check_spec({**_common(config), "compile": config.compile or ["off"]})
     missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
     if missing:
-        raise UsageError(f'--runtime onnxruntime needs {", ".join(missing)}: pip install -e ".[export]"')
+        raise UsageError(f'--runtime {config.runtime} needs {", ".join(missing)}: pip install -e ".[export]"')
 
 
 @dataclasses.dataclass

@@ -7,55 +7,18 @@ in the same run, with the same threads, can (issue 48). Run by the sweep as
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import platform
 import sys
 import time
 
-# the CPU flags that decide what a matrix product can run on (x86: AVX2/FMA, AVX-512 and its bf16/fp16/VNNI
-# forms, AMX tiles; Arm: SVE/BF16/I8MM); recorded in this order when /proc/cpuinfo lists them
-MATRIX_FLAGS = (
-    "avx2",
-    "fma",
-    "avx512f",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-    "amx_fp16",
-    "sve",
-    "bf16",
-    "i8mm",
-)
+from ..utils.host import MATRIX_FLAGS, cpu_info  # noqa: F401 (bench's spelling of both)
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # read by the OpenMP / MKL runtimes when torch loads
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # torch's, without importing torch here
 PEAK_DTYPES = ("fp32", "bf16")
 WINDOW_S = 0.2  # one timed window of square matmuls
 BEST_OF = 3
-
-
-@functools.cache
-def cpu_info(path: str = "/proc/cpuinfo") -> dict:
-    """{"cpu_model", "cpu_extensions"}: the first processor's model name and its matrix flags (Linux), else what
-    platform knows and no flags."""
-    model, flags = None, set()
-    try:
-        with open(path) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip().lower()
-                if key in ("model name", "cpu model") and model is None:
-                    model = value.strip()
-                elif key in ("flags", "features") and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    model = model or platform.processor() or platform.machine() or "unknown"
-    return {"cpu_model": model, "cpu_extensions": [f for f in MATRIX_FLAGS if f in flags]}
 
 
 def thread_env(threads: int | None, env: dict | None = None) -> dict:

@@ -1,5 +1,6 @@
 """One benchmark point in onnxruntime: the point's model exported to ONNX at the point's size, timed in an
-onnxruntime CPU session beside the eager point (`linvit bench --runtime onnxruntime`).
+onnxruntime CPU session beside the eager point (`linvit bench --runtime onnxruntime`); with runtime
+``onnxruntime-int8``, that graph's onnxruntime dynamic int8 quantization (`linvit export --quantize int8`'s).
 
 Run as ``python -m linvit.bench.onnx_point SPEC_JSON RESULT_JSON`` like linvit.bench.point. The graph is
 exported per point at its own batch and size (a static graph, the form a deployment at one size runs; one
@@ -19,10 +20,11 @@ import torch
 
 from ..errors import UsageError
 from ..export import export_model, fix_size_dependent_choices
-from ..onnx_runtime import cpu_session
+from ..onnx_runtime import cpu_session, quantize_int8
 from ..utils.flops import count_flops
 from .point import DEFAULTS, _time_steps, classify_workload, timing_record, worker_main
 
+RUNTIMES = ("onnxruntime", "onnxruntime-int8")  # the graph as exported, and its int8 quantization
 TAKES = {"device": "cpu", "dtype": "fp32", "mode": "infer", "task": "classify", "compile": "off"}
 
 
@@ -48,13 +50,17 @@ def measure(spec: dict) -> dict:
         start = time.perf_counter()
         with torch.no_grad():
             export_model(model, "onnx", path, x, dynamic_batch=False)
+        if spec.get("runtime") == "onnxruntime-int8":
+            quantize_int8(path, path.with_suffix(".int8.onnx"))
+            path = path.with_suffix(".int8.onnx")
         export_s = time.perf_counter() - start
         session = cpu_session(path, torch.get_num_threads())
         feed = {session.get_inputs()[0].name: x.numpy()}
         timing = _time_steps(lambda: session.run(None, feed), spec, cpu)
     with torch.inference_mode():
         flops = count_flops(lambda: model(x))
-    return timing_record(spec, work, timing, flops, runtime="onnxruntime", compile_s=None, export_s=export_s)
+    runtime = spec.get("runtime") or RUNTIMES[0]
+    return timing_record(spec, work, timing, flops, runtime=runtime, compile_s=None, export_s=export_s)
 
 
 def main(argv: list[str] | None = None) -> int:

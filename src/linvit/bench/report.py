@@ -189,9 +189,10 @@ def machine_line(machine: dict) -> str:
         return f"machine: GEMM peak not measured ({machine.get('status')}: {machine.get('reason')})"
     extensions = ", ".join(machine.get("cpu_extensions") or []) or "none listed"
     peaks = ", ".join(f"{d} {g['gflops_per_s']:,.0f}" for d, g in machine["gemm"].items())
+    cpu = machine["cpu_model"] + (f" ({machine['cpu_id']})" if machine.get("cpu_id") else "")
     return (
-        f"machine: {machine['device_name']} ({machine['device']}); CPU {machine['cpu_model']}, matrix extensions: "
-        f"{extensions}; {machine['threads']} thread(s); GEMM peak GFLOP/s: {peaks}"
+        f"machine: {machine['device_name']} ({machine['device']}); CPU {cpu}, matrix extensions: {extensions}; "
+        f"{machine['threads']} thread(s); GEMM peak GFLOP/s: {peaks}"
     )
 
 
@@ -203,12 +204,13 @@ def shares_section(runs: dict[str, dict]) -> str:
     content}): per model, each dtype's latency, achieved GFLOP/s and share of that dtype's GEMM peak, measured in the
     same run; the machine, threads, settings and note from the records."""
     dtypes = list(runs)
-    models = list(dict.fromkeys(p["model"] for run in runs.values() for p in run["points"]))
+    rows = list(dict.fromkeys((p["model"], p["res"]) for run in runs.values() for p in run["points"]))
     head = ["model @ res"] + [f"{d} {col}" for d in dtypes for col in ("ms", "GFLOP/s", "share of GEMM peak")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for model in models:
-        points = {d: next((p for p in runs[d]["points"] if p["model"] == model), None) for d in dtypes}
-        res = next(p["res"] for p in points.values() if p)
+    for model, res in rows:
+        points = {
+            d: next((p for p in runs[d]["points"] if (p["model"], p["res"]) == (model, res)), None) for d in dtypes
+        }
         cells = [f"`{model}` @ {res}"]
         for p in points.values():
             if not p or p["status"] != "ok":

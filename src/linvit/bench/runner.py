@@ -28,7 +28,7 @@ def run_point(spec: dict, timeout: float | None = None, mem_limit_gb: float | No
     spec = {**spec, "mem_limit_gb": mem_limit_gb}
     host = {**cpu_info(), "threads": spec.get("threads") or _default_threads()}
     host["runtime"] = spec.get("runtime", "eager")
-    module = "linvit.bench.onnx_point" if host["runtime"] == "onnxruntime" else "linvit.bench.point"
+    module = "linvit.bench.onnx_point" if host["runtime"].startswith("onnxruntime") else "linvit.bench.point"
     return {**host, **run_worker(module, spec, timeout, mem_limit_gb)}
 
 
@@ -94,6 +94,18 @@ def measure_machine(
     best_of (machine.gemm_peak)."""
     spec = {"device": device, "threads": threads, "dtypes": list(dict.fromkeys(dtypes)), **peak}
     return run_worker("linvit.bench.machine", spec, timeout)
+
+
+def best_peak(before: dict, after: dict) -> dict:
+    """The machine record with each dtype's better GEMM peak of two measurements, before and after the points:
+    whatever else runs during one (a process finishing) depresses it, and a peak below what a point reached is
+    no limit. Both measurements are kept (gemm_measured)."""
+    if before.get("status") != "ok" or after.get("status") != "ok":
+        return before if before.get("status") == "ok" else after
+    gemm = {
+        d: max(g, after["gemm"].get(d, g), key=lambda peak: peak["gflops_per_s"]) for d, g in before["gemm"].items()
+    }
+    return {**before, "gemm": gemm, "gemm_measured": [before["gemm"], after["gemm"]]}
 
 
 def with_shares(records: list[dict], machine: dict | None) -> list[dict]:

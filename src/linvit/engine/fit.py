@@ -22,6 +22,7 @@ from ..config import TrainConfig
 from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..utils import compile_model, output_dir
 from ..utils.artifacts import WEIGHTS
+from ..utils.host import cpu_info
 from ..utils.runtime import seed_everything
 from . import record, sharded_checkpoint, sharding
 from .recipe import train_loader, training_recipe, wrap_ddp
@@ -196,6 +197,7 @@ def run_epochs(task: Task, run: Run) -> list[dict]:
     """The epoch loop: a replayable seed, the task's steps and evaluation, one metrics line vouched for by an
     atomic checkpoint; after the last epoch the output folder becomes a model folder."""
     run_info = {"task": task.name, "command": task.command, **task.run_info(run), "threads": torch.get_num_threads()}
+    run_info.update(cpu_info(), torch=torch.__version__)  # what else decides the run's float rounding (utils.host)
     board = record.TensorBoardLog(run.output) if run.config.log == "tensorboard" and run.rank == 0 else None
     after_step = (lambda step: run.ema.update(run.model, step=step)) if run.ema is not None else None
     for epoch in range(run.start_epoch, run.config.epochs):
