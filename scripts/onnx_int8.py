@@ -1,7 +1,8 @@
 """int8 against float32 top-1 of trained runs in onnxruntime (issue 48.3), and docs/export.md's table from it.
 
 For each run folder: `linvit export --quantize int8` (float32 and int8 graphs), then `linvit eval` on the
-run itself (PyTorch eager), on the float32 .onnx and on the int8 .onnx, all on the same split. The records go
+run itself (PyTorch eager, in float32 and under bfloat16 autocast: the other precision a CPU user can pick), on
+the float32 .onnx and on the int8 .onnx, all on the same split. The records go
 to --json; the `onnx-int8` block of --doc is rewritten from that JSON (--table-only: from the JSON alone).
 
     python scripts/onnx_int8.py runs/digits_linear runs/digits_katz --json docs/export/onnx_int8.json \\
@@ -29,10 +30,10 @@ def linvit(*argv: str) -> None:
     subprocess.run(["linvit", *argv], check=True)
 
 
-def score(checkpoint: Path, data: str, split: str, folder: Path, name: str) -> dict:
-    """`linvit eval`'s JSON record for checkpoint (a run folder or an .onnx file)."""
+def score(checkpoint: Path, data: str, split: str, folder: Path, name: str, *extra: str) -> dict:
+    """`linvit eval`'s JSON record for checkpoint (a run folder or an .onnx file); extra: more eval flags."""
     out = folder / f"{name}.json"
-    argv = ["eval", "--data", data, "--split", split, "--checkpoint", str(checkpoint), "--workers", "0"]
+    argv = ["eval", "--data", data, "--split", split, "--checkpoint", str(checkpoint), "--workers", "0", *extra]
     linvit(*argv, "--no-progress", "--json", str(out))
     return json.loads(out.read_text())
 
@@ -44,6 +45,7 @@ def measure(run: Path, data: str, split: str, folder: Path) -> dict:
     int8 = onnx_file.with_name(f"{onnx_file.stem}.int8.onnx")
     evals = {
         "pytorch": score(run, data, split, folder, f"{run.name}.eager"),
+        "pytorch_bf16": score(run, data, split, folder, f"{run.name}.bf16", "--amp", "bf16"),
         "onnx_fp32": score(onnx_file, data, split, folder, f"{run.name}.fp32"),
         "onnx_int8": score(int8, data, split, folder, f"{run.name}.int8"),
     }
@@ -73,13 +75,15 @@ def machine() -> dict:
 def table(record: dict) -> str:
     """The markdown block: one row per run, top-1 in each runtime and int8's difference to float32."""
     rows = [
-        "| model | images | PyTorch top-1 | ONNX fp32 top-1 | ONNX int8 top-1 | int8 - fp32 | fp32 MiB | int8 MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | images | PyTorch top-1 | PyTorch bf16 top-1 | ONNX fp32 top-1 | ONNX int8 top-1 | int8 - fp32 | "
+        "fp32 MiB | int8 MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in record["runs"]:
         delta = r["onnx_int8_top1"] - r["onnx_fp32_top1"]
+        bf16 = f"{r['pytorch_bf16_top1']:.2f}" if "pytorch_bf16_top1" in r else "-"
         rows.append(
-            f"| `{r['model']}` | {r['images']} | {r['pytorch_top1']:.2f} | {r['onnx_fp32_top1']:.2f} | "
+            f"| `{r['model']}` | {r['images']} | {r['pytorch_top1']:.2f} | {bf16} | {r['onnx_fp32_top1']:.2f} | "
             f"{r['onnx_int8_top1']:.2f} | {delta:+.2f} | {r['fp32_mib']:.1f} | {r['int8_mib']:.1f} |"
         )
     m = record["machine"]

@@ -106,7 +106,7 @@ def test_upload_shows_each_runs_top_label_and_its_overlay(page_and_models):
     page, models, shots = page_and_models
     _run(page)
     for i, (_, model) in enumerate(models):
-        expected = linvit.predict(model, [linvit.load_image(PHOTO, model)], topk=1)[0]["topk"][0]["label"]
+        expected = linvit.predict(model, [linvit.load_image(PHOTO, model)], topk=1, amp="auto")[0]["topk"][0]["label"]
         assert _top_label(page, i) == expected
         assert _rendered_size(page, i) == (640, 427)  # the overlay is drawn on the picture at its own size
     page.screenshot(path=str(shots / "demo.png"), full_page=True)
@@ -167,7 +167,7 @@ def test_the_demo_reads_pictures_as_predict_does(tmp_path):
     Image.fromarray(ramp).save(deep)  # 16-bit greyscale: Gradio's convert("RGB") clips it to white
     model = _model(0, ["pagoda", "lake", "tree", "boat", "cloud"])
     labels, drawn, method = _click(build_demo([("run", model)], topk=5), deep)
-    expected = linvit.predict(model, [linvit.load_image(deep, model)], topk=5)[0]["topk"]
+    expected = linvit.predict(model, [linvit.load_image(deep, model)], topk=5, amp="auto")[0]["topk"]
     assert labels == pytest.approx({row["label"]: row["prob"] for row in expected}, abs=1e-6)
     assert drawn.size == (64, 48) and "linear" in method
 

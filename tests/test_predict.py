@@ -196,7 +196,7 @@ def test_predict_with_a_run_folder_names_its_labels_and_draws_maps(tmp_path):
     assert cli_main([*argv, "--model-kwargs", "patch_size=8", "depth=1"]) == 0
     out, maps = tmp_path / "preds.jsonl", tmp_path / "maps"
     argv = ["predict", str(PHOTOS), "--checkpoint", str(run), "--output", str(out), "--maps", str(maps)]
-    assert cli_main([*argv, "--no-progress", "--compile", "default"]) == 0
+    assert cli_main([*argv, "--no-progress", "--compile", "default", "--amp", "none"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["topk"][0]["label"] for r in rows} <= set("0123456789") and rows[0]["size"] == [32, 32]
     assert [Image.open(r["map"]).size for r in rows] == [(640, 427), (640, 427)]  # both photographs' own size
@@ -295,3 +295,29 @@ def test_the_old_documented_path_still_finds_images(monkeypatch):
         old = linvit.inference
     assert old.find_images is linvit.prediction.find_images is find_images
     assert old.predict is linvit.predict and old.load_image is linvit.load_image
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_predict_runs_bf16_by_default_only_where_the_cpu_multiplies_bf16(native, model, tmp_path, monkeypatch, capsys):
+    """--amp auto (predict's default): bf16 autocast on a CPU with native bf16 products (1.5-3.6x faster there,
+    docs/benchmarks.md), float32 elsewhere; --amp none always float32; a GPU is not switched."""
+    from linvit.prediction import classify
+    from linvit.utils import host, runtime
+
+    monkeypatch.setattr(host, "native_bf16", lambda info=None: native)
+    seen = []
+    real = classify.autocast
+    monkeypatch.setattr(classify, "autocast", lambda device, amp: seen.append(amp) or real(device, amp))
+    weights = tmp_path / "w.safetensors"
+    from safetensors.torch import save_file
+
+    save_file(model.state_dict(), str(weights))
+    argv = ["predict", str(PHOTOS / "flower.jpg"), "--model", "linear_infvit_tiny_patch16_224", "--no-progress"]
+    argv += ["--checkpoint", str(weights), "--model-kwargs", "num_classes=7", "depth=1", "--img-size", "64"]
+    assert cli_main(argv) == 0
+    assert seen == (["bf16"] if native else ["none"])
+    assert ("bf16 autocast: this CPU multiplies bf16 in hardware" in capsys.readouterr().err) == native
+    assert cli_main([*argv, "--amp", "none"]) == 0 and seen[-1] == "none"
+    assert "autocast" not in capsys.readouterr().err
+    assert runtime.resolve_amp(torch.device("cuda"), "auto") == "none"
+    assert runtime.resolve_amp(torch.device("cpu"), "fp16") == "fp16"

@@ -35,14 +35,15 @@ def _gradio():
     return gr
 
 
-def look(model: nn.Module, path: str | Path, method: str | None = None, topk: int = 5):
-    """({label: probability} of the top-k, overlay of the importance map on the picture, the method used).
+def look(model: nn.Module, path: str | Path, method: str | None = None, topk: int = 5, amp: str = "auto"):
+    """({label: probability} of the top-k, overlay of the importance map on the picture, the method used); the
+    top-k under predict's precision (amp), the map in float32.
 
     The picture is read as `linvit predict` reads it (linvit.load_image: read_rgb, then prepare_image), so a
     16-bit or EXIF-rotated file gives the same answer here as on the command line."""
     picture = read_rgb(path)
     tensor = prepare_image(picture, model)
-    top = predict(model, [tensor], topk)[0]["topk"]
+    top = predict(model, [tensor], topk, amp=amp)[0]["topk"]
     maps = importance_maps(model, tensor[None], method, upsample=False)
     box = seen_box(picture.size, resolve_model_data_config(model))
     drawn = overlay(picture, maps.patch[0].numpy(), box)
@@ -59,7 +60,7 @@ def upload_path(payload) -> str | None:
     return payload.get("path")
 
 
-def answer(models: Sequence[tuple[str, nn.Module]], picture, method: str, topk: int = 5) -> list:
+def answer(models: Sequence[tuple[str, nn.Module]], picture, method: str, topk: int = 5, amp: str = "auto") -> list:
     """What the page shows for one upload: per model its top-k, its overlay and the method; a picture that
     cannot be read is the one-line UsageError the command line gives."""
     path = upload_path(picture)
@@ -69,14 +70,14 @@ def answer(models: Sequence[tuple[str, nn.Module]], picture, method: str, topk: 
     outputs = []
     for _, model in models:
         try:
-            labels, drawn, used = look(model, path, None if method == AUTO else method, topk)
+            labels, drawn, used = look(model, path, None if method == AUTO else method, topk, amp)
         except UsageError as err:  # named by the file the user uploaded, not Gradio's cached copy
             raise UsageError(str(err).replace(path, name or path)) from err
         outputs += [labels, drawn, f"map method: **{used}**"]
     return outputs
 
 
-def build_demo(models: Sequence[tuple[str, nn.Module]], topk: int = 5):
+def build_demo(models: Sequence[tuple[str, nn.Module]], topk: int = 5, amp: str = "auto"):
     """A gr.Blocks page: one picture and a method in, per model a label panel and an overlay out."""
     gr = _gradio()
     if not 1 <= len(models) <= 2:
@@ -86,7 +87,7 @@ def build_demo(models: Sequence[tuple[str, nn.Module]], topk: int = 5):
 
     def run(picture, method):
         try:
-            return answer(models, picture, method, topk)
+            return answer(models, picture, method, topk, amp)
         except UsageError as err:  # an unreadable upload, a method the model has no layers for
             raise gr.Error(str(err)) from err
 
@@ -116,6 +117,7 @@ class DemoConfig(Config):
     checkpoint: list[str] | None = None
     model: str | None = None
     topk: int = 5
+    amp: str = "auto"  # the top-k's precision, as `linvit predict`'s (bf16 on a CPU with native bf16 products)
     host: str = "127.0.0.1"  # this machine only
     port: int = 7860
 
@@ -138,7 +140,7 @@ def run_demo(config: DemoConfig) -> None:
     """`linvit demo`: serve the page until interrupted."""
     if config.checkpoint and len(config.checkpoint) > 2:
         raise UsageError(f"--checkpoint takes one or two run folders, got {len(config.checkpoint)}")
-    demo = build_demo(load_models(config), config.topk)
+    demo = build_demo(load_models(config), config.topk, config.amp)
     print(f"linvit demo on http://{config.host}:{config.port} (Ctrl+C to stop)")
     serve(demo, config.host, config.port)
 

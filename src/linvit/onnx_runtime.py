@@ -112,7 +112,7 @@ def refuse_pytorch_flags(config, **more: bool) -> None:
         "--model-kwargs": any(k not in folded for k in config.model_kwargs),
         "--pretrained": config.pretrained or bool(config.model_kwargs.get("pretrained")),
         **more,
-        "--amp": config.amp != "none",
+        "--amp": config.amp not in ("none", "auto"),  # auto: float32 for a graph
         "--compile": config.compile != "off",
         "--device": config.device not in ("auto", "cpu"),
     }
