@@ -220,7 +220,8 @@ def steps_of(run: Path) -> int:
 def vision_summary(out: Path, seeds: list[int], task_name: str = "digit", published: Path | None = None) -> dict:
     """Per (method, mixer, budget): val top-1 and its share of the teacher's (retention) over seeds. A row without
     runs under OUT keeps the published summary's row where that summary's teachers are these (the protocol's runs
-    are deterministic on CPU: the same seeds retrain the same teachers), so one new student needs only its runs."""
+    are deterministic on one CPU kind and thread count: there the same seeds retrain the same teachers), so one new
+    student needs only its runs."""
     summary = _vision_runs_summary(out, seeds, task_name)
     earlier = json.loads(published.read_text()) if published is not None and published.is_file() else None
     if earlier is None or summary["teachers"] != {int(s): v for s, v in earlier["teachers"].items()}:
@@ -454,7 +455,7 @@ ROWS_METHODS = ("distill", "distill, mse+xent")  # each form on Katz's recipe, a
 def rows_comparison(out: Path, published: Path) -> dict:
     """Per vision task, the three forms' distill rows at 10% on the same teachers: OUT's runs (with the published
     part's rows where its teachers are OUT's), else the published comparison's task. `retrained`: the teachers are
-    not the ones the task's main table was measured on (today's code retrains the 16-token teachers differently)."""
+    not the ones the task's main table was measured on (retrained on another CPU kind: docs/reproduce.md)."""
     earlier = json.loads(published.read_text()) if published.is_file() else {}
     found = {}
     for task_name, part in PARTS.items():
