@@ -299,7 +299,7 @@ def test_the_old_documented_path_still_finds_images(monkeypatch):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_predict_runs_bf16_by_default_only_where_the_cpu_multiplies_bf16(native, model, tmp_path, monkeypatch, capsys):
-    """--amp auto (predict's default): bf16 autocast on a CPU with native bf16 products (1.5-3.6x faster there,
+    """--amp auto (predict's default): bf16 autocast on a CPU with native bf16 products (up to 3x faster there,
     docs/benchmarks.md), float32 elsewhere; --amp none always float32; a GPU is not switched."""
     from linvit.prediction import classify
     from linvit.utils import host, runtime

@@ -9,6 +9,7 @@ from timm.layers import PatchEmbed
 
 from ..errors import UsageError
 from ..layers.graph_capture import parent_method
+from ._patchify import patchify
 
 
 def check_image_batch(
@@ -59,6 +60,10 @@ class CheckedPatchEmbed(PatchEmbed):
 
     check_finite = False  # unannotated: TorchScript cannot read postponed class annotations
     _timm_forward = parent_method(PatchEmbed.forward, "_timm_forward")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        patchify(self.proj)  # one matrix product under CPU bf16 autocast (models._patchify)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.jit.is_scripting():

@@ -19,7 +19,8 @@ def autocast(device: torch.device, amp: str):
 
 def resolve_amp(device: torch.device, amp: str) -> str:
     """--amp auto (predict's default): bf16 autocast on a CPU with native bf16 matrix products, where the 4-layer
-    families ran 1.5-3.6x faster than in float32 (docs/benchmarks.md); float32 elsewhere, GPUs included."""
+    softmax and InfSA families ran 1.7-3.0x faster than in float32 at the same top-1 (docs/benchmarks.md);
+    float32 elsewhere, GPUs included."""
     from .host import native_bf16
 
     if amp != "auto":
