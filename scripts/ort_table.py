@@ -1,8 +1,10 @@
-"""onnxruntime float32 and int8 against PyTorch eager, every family (issue 48.3): one `linvit bench --runtime
-onnxruntime-int8` run times each point three ways (eager, the exported graph, its int8 quantization) and is kept as
-docs/bench/onnxruntime/bench.json; beside it, one float32 matrix product's rate in each library (PyTorch's BLAS and
-onnxruntime's MLAS, same size and threads) goes to gemm.json, since that is where the two runtimes differ most.
-docs/benchmarks.md's onnxruntime table is generated from those files.
+"""onnxruntime float32 and int8 against PyTorch eager, every family, and docs/benchmarks.md's table from it.
+
+One `linvit bench --runtime onnxruntime-int8` run times each point three ways (eager, the exported graph, its
+int8 quantization) and is kept as docs/bench/onnxruntime/bench.json; beside it, one float32 matrix product's rate
+in each library (PyTorch's BLAS and onnxruntime's MLAS, same size and threads) goes to gemm.json, since that is
+where the two runtimes differ most. docs/benchmarks.md's onnxruntime table is generated from those files
+(measuring rewrites both, in this checkout).
 
     python scripts/ort_table.py --res 224,512,1024 --threads 2 --note "quiet machine"   # measure, then the table
     python scripts/ort_table.py --gemm-only --threads 2 --note "quiet machine"          # the GEMM rates alone

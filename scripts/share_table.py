@@ -1,6 +1,8 @@
-"""Each family's share of the machine's GEMM peak (issue 48.1): `linvit bench` once per dtype writes
-docs/bench/share/<dtype>.json (its records carry the CPU, extensions, threads, the GEMM peak measured in the same
-run and each point's share of it), and docs/benchmarks.md's share table is generated from those files.
+"""Each family's share of the machine's GEMM peak, per dtype, and docs/benchmarks.md's table from it.
+
+`linvit bench` once per dtype writes docs/bench/share/<dtype>.json (its records carry the CPU, extensions,
+threads, the GEMM peak measured in the same run and each point's share of it), and docs/benchmarks.md's share
+table is generated from those files (measuring rewrites both, in this checkout).
 
     python scripts/share_table.py --res 224,1024 --threads 2 --note "quiet machine"   # measure, then the table
     python scripts/share_table.py --table-only                                    # the table from the JSON

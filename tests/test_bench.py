@@ -278,10 +278,11 @@ def test_each_point_gets_its_dtypes_peak_and_share():
         dict(base, dtype="bf16", status="ok", gflops_per_s=100.0),
         dict(base, dtype="fp16", status="ok", gflops_per_s=100.0),  # no fp16 peak measured
         dict(base, dtype="fp32", status="oom", reason="x"),
+        dict(base, dtype="fp32", status="ok", gflops_per_s=250.0, runtime="onnxruntime-int8"),  # other kernels
     ]
     shared = with_shares(records, machine)
-    assert [r["peak_share"] for r in shared] == [0.5, 0.25, None, None]
-    assert [r["gemm_peak_gflops_per_s"] for r in shared] == [100.0, 400.0, None, 100.0]
+    assert [r["peak_share"] for r in shared] == [0.5, 0.25, None, None, None]
+    assert [r["gemm_peak_gflops_per_s"] for r in shared] == [100.0, 400.0, None, 100.0, 100.0]
     assert "share of GEMM peak" in markdown_table(shared) and "| 50% |" in markdown_table(shared)
     assert "share of GEMM peak" not in markdown_table(records)  # older records keep their table
     line = machine_line(machine)
@@ -310,7 +311,7 @@ def test_the_committed_onnxruntime_table_is_generated_from_the_committed_json():
 
 def test_the_peak_is_the_better_of_the_measurements_before_and_after_the_points():
     """A peak measured while something else ran (2.4x low in one run here) is no limit: the better one is kept."""
-    from linvit.bench.runner import best_peak
+    from linvit.bench.runner import best_peak, busy_machine
 
     def machine(fp32, bf16, status="ok"):
         gemm = {"fp32": {"gflops_per_s": fp32, "n": 1}, "bf16": {"gflops_per_s": bf16, "n": 2}}
@@ -321,6 +322,8 @@ def test_the_peak_is_the_better_of_the_measurements_before_and_after_the_points(
     assert best["gemm_measured"] == [machine(83.0, 800.0)["gemm"], machine(198.0, 790.0)["gemm"]]
     assert best_peak(machine(1.0, 1.0), {"status": "timeout"}) == machine(1.0, 1.0)
     assert best_peak({"status": "error"}, machine(2.0, 2.0)) == machine(2.0, 2.0)
+    assert busy_machine(best) and not busy_machine(best_peak(machine(190.0, 800.0), machine(198.0, 790.0)))
+    assert not busy_machine(machine(1.0, 1.0))  # one reading: nothing to compare
 
 
 def test_bmm_flops_are_our_count_with_and_without_out_dtype():

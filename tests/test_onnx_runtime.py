@@ -209,5 +209,7 @@ def test_bench_onnxruntime_refuses_what_it_does_not_time(tmp_path, capsys):
     bench = ["bench", "--models", "linear_infvit_tiny_patch16_224", "--res", "32", "--output", str(tmp_path)]
     assert cli_main([*bench, "--runtime", "onnxruntime", "--dtype", "bf16"]) != 0
     assert "float32 classifier inference on CPU; not --dtype bf16" in capsys.readouterr().err
+    assert cli_main([*bench, "--runtime", "onnxruntime-int8", "--dtype", "bf16"]) != 0
+    assert "--runtime onnxruntime-int8 times float32" in capsys.readouterr().err
     assert cli_main([*bench, "--runtime", "onnxruntime", "--ladder"]) != 0
     assert "not --suite, not --ladder" in capsys.readouterr().err

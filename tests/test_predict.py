@@ -314,9 +314,12 @@ def test_predict_runs_bf16_by_default_only_where_the_cpu_multiplies_bf16(native,
     save_file(model.state_dict(), str(weights))
     argv = ["predict", str(PHOTOS / "flower.jpg"), "--model", "linear_infvit_tiny_patch16_224", "--no-progress"]
     argv += ["--checkpoint", str(weights), "--model-kwargs", "num_classes=7", "depth=1", "--img-size", "64"]
-    assert cli_main(argv) == 0
+    assert cli_main([*argv, "--output", str(tmp_path / "p.jsonl")]) == 0
     assert seen == (["bf16"] if native else ["none"])
-    assert ("bf16 autocast: this CPU multiplies bf16 in hardware" in capsys.readouterr().err) == native
+    assert json.loads((tmp_path / "p.jsonl").read_text())["amp"] == seen[0]  # each record says its precision
+    assert (
+        "bf16 autocast (--amp auto, the default: this CPU multiplies bf16 in hardware" in capsys.readouterr().err
+    ) == native
     assert cli_main([*argv, "--amp", "none"]) == 0 and seen[-1] == "none"
     assert "autocast" not in capsys.readouterr().err
     assert runtime.resolve_amp(torch.device("cuda"), "auto") == "none"

@@ -19,7 +19,7 @@ from ..utils.flops import count_flops
 from .machine import PEAK_DTYPES
 from .opcount import count_ops
 from .report import machine_line, write_outputs
-from .runner import best_peak, ladder, measure_machine, sweep, with_shares
+from .runner import best_peak, busy_machine, ladder, measure_machine, sweep, with_shares
 from .suites import SUITES, suite_names
 
 # --runtime: the graphs timed beside each eager point (bench.onnx_point)
@@ -196,6 +196,8 @@ def _run_plan(
         dtypes = (*PEAK_DTYPES, common["dtype"])
         machine = best_peak(machine, measure_machine(common["device"], common.get("threads"), dtypes))
         extra["machine"] = machine
+        if busy_machine(machine):
+            print("warning: the GEMM peak read 1.5x apart before and after the points: a busy machine; time again")
     records = with_shares(records, machine)
     if any((r.get("peak_share") or 0) > 1 for r in records):
         print("warning: a point above its dtype's GEMM peak: the peak was measured low (a busy machine?)")
@@ -216,7 +218,7 @@ def _check_onnxruntime_run(config: BenchConfig) -> None:
 
     if config.suite or config.ladder:
         raise UsageError(f"--runtime {config.runtime} times a --models sweep (not --suite, not --ladder)")
-    check_spec({**_common(config), "compile": config.compile or ["off"]})
+    check_spec({**_common(config), "compile": config.compile or ["off"], "runtime": config.runtime})
     missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
     if missing:
         raise UsageError(f'--runtime {config.runtime} needs {", ".join(missing)}: pip install -e ".[export]"')

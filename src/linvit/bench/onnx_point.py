@@ -32,7 +32,8 @@ def check_spec(settings: dict) -> None:
     """A one-line error for settings onnxruntime points do not take (float32 CPU classifier inference only)."""
     bad = [f"--{k} {settings.get(k)}" for k, v in TAKES.items() if settings.get(k, v) not in (v, [v])]
     if bad:
-        raise UsageError(f"--runtime onnxruntime times float32 classifier inference on CPU; not {', '.join(bad)}")
+        runtime = settings.get("runtime") or RUNTIMES[0]
+        raise UsageError(f"--runtime {runtime} times float32 classifier inference on CPU; not {', '.join(bad)}")
 
 
 def measure(spec: dict) -> dict:

@@ -108,13 +108,25 @@ def best_peak(before: dict, after: dict) -> dict:
     return {**before, "gemm": gemm, "gemm_measured": [before["gemm"], after["gemm"]]}
 
 
+def busy_machine(machine: dict, ratio: float = 1.5) -> bool:
+    """Whether a dtype's two peak readings (best_peak's) lie ratio apart: something else ran during the points."""
+    readings = machine.get("gemm_measured") or []
+    if len(readings) != 2:
+        return False
+    rates = [(a[d]["gflops_per_s"], b[d]["gflops_per_s"]) for a, b in [readings] for d in a if d in b]
+    return any(max(x, y) > ratio * min(x, y) for x, y in rates)
+
+
 def with_shares(records: list[dict], machine: dict | None) -> list[dict]:
-    """Each ok point with its dtype's GEMM peak and the share of it the point achieved (FLOPs / latency)."""
+    """Each ok point with its dtype's GEMM peak and the share of it the point achieved (FLOPs / latency). The peak
+    is PyTorch's own product, so only eager points get a share: an onnxruntime graph runs other kernels (and an
+    int8 one other arithmetic) and can pass it."""
     gemm = (machine or {}).get("gemm") or {}
     out = []
     for r in records:
         peak = (gemm.get(r.get("dtype")) or {}).get("gflops_per_s")
-        achieved = r.get("gflops_per_s") if r.get("status") == "ok" else None
+        eager = r.get("runtime", "eager") == "eager"
+        achieved = r.get("gflops_per_s") if r.get("status") == "ok" and eager else None
         share = achieved / peak if achieved is not None and peak else None
         out.append({**r, "gemm_peak_gflops_per_s": peak, "peak_share": share})
     return out

@@ -1,9 +1,10 @@
 """The patch embedding's convolution as one matrix product under CPU bfloat16 autocast.
 
 A patchify convolution (stride = kernel, no padding) is a matrix product over the image's non-overlapping
-patches. Under bf16 autocast on CPU, oneDNN's convolution ran 11x slower than that product (Zen 5, 2 threads,
-1024 px, 3 -> 1024 channels, patch 16: 103 vs 9 ms), a seventh of Linear-InfViT-4L's whole bf16 forward; in
-float32 the two cost the same, so everything else keeps the convolution.
+patches. Under bf16 autocast on CPU, oneDNN's convolution of an NCHW image ran 11x slower than that product
+(Zen 5, 2 threads, 1024 px, 3 -> 1024 channels, patch 16: 103 vs 9 ms; a channels-last input closes most of the
+gap, but the image arrives NCHW), a seventh of Linear-InfViT-4L's whole bf16 forward; in float32 the two cost the
+same, so everything else keeps the convolution.
 """
 
 from __future__ import annotations

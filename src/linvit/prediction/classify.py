@@ -74,7 +74,7 @@ def prepare_image(
     return tensor.float().sub_(mean).div_(std)
 
 
-@torch.inference_mode()  # not no_grad: there bf16 autocast ran 2.4x slower (Linear-InfViT-4L at 224: 81 vs 34 ms)
+@torch.inference_mode()  # not no_grad: there bf16 autocast ran 1.7-2.4x slower (Linear-InfViT-4L, 224 px, Zen 5)
 def predict(
     model: nn.Module,
     images: Sequence[torch.Tensor],
@@ -183,7 +183,10 @@ def run_predict(config: PredictConfig) -> list[dict]:
     names = getattr(model, "label_names", None)
     amp = "none" if isinstance(model, OnnxClassifier) else resolve_amp(device, config.amp)
     if config.amp == "auto" and amp != "none":
-        print(f"{amp} autocast: this CPU multiplies {amp} in hardware (--amp none for float32)", file=sys.stderr)
+        print(
+            f"{amp} autocast (--amp auto, the default: this CPU multiplies {amp} in hardware; --amp none for float32)",
+            file=sys.stderr,
+        )
     records, batch = [], config.batch_size
     for start in tqdm(range(0, len(paths), batch), desc="predict", unit="batch", disable=not config.progress):
         chunk = paths[start : start + batch]
@@ -196,7 +199,7 @@ def run_predict(config: PredictConfig) -> list[dict]:
         outputs = predict(runner, tensors, config.topk, names, batch, device, amp)
         share = (time.perf_counter() - tick) / len(kept)
         for path, picture, tensor, out, own in zip(kept, pictures, tensors, outputs, seconds, strict=True):
-            record = {"path": str(path), "size": list(tensor.shape[-2:]), **out}
+            record = {"path": str(path), "size": list(tensor.shape[-2:]), **out, "amp": amp}
             tick = time.perf_counter()
             if maps is not None:
                 record.update(maps.write(path, picture, tensor.to(device)))

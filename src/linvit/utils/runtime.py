@@ -19,8 +19,8 @@ def autocast(device: torch.device, amp: str):
 
 def resolve_amp(device: torch.device, amp: str) -> str:
     """--amp auto (predict's default): bf16 autocast on a CPU with native bf16 matrix products, where the 4-layer
-    softmax and InfSA families ran 1.7-3.0x faster than in float32 at the same top-1 (docs/benchmarks.md);
-    float32 elsewhere, GPUs included."""
+    softmax and InfSA families ran 1.7-3.0x faster than in float32 (docs/benchmarks.md) and trained 16-token
+    ones kept their top-1 within 0.2 points (docs/export.md); float32 elsewhere, GPUs included."""
     from .host import native_bf16
 
     if amp != "auto":
