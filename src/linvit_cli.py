@@ -110,9 +110,17 @@ def _add_command(parser: argparse.ArgumentParser, row: Command) -> None:
     parser.set_defaults(func=_Run(row))
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """An unknown flag or a bad value is one line naming it and where the flags are listed, not the whole usage
+    block first (every command's parser is one of these: argparse builds subparsers of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every row of COMMANDS; ``parser.commands``: ('segment', 'train') -> that command's parser."""
-    parser = argparse.ArgumentParser(prog="linvit", description=__doc__.splitlines()[0])
+    parser = _OneLineErrors(prog="linvit", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     top = parser.add_subparsers(dest="command", required=True)
     parents, parser.commands = {}, {}

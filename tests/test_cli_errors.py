@@ -25,8 +25,9 @@ def _fails_cleanly(argv: list[str], capsys, *phrases: str) -> None:
         code = exit_.code
     err = capsys.readouterr().err
     assert code == 2, err
-    last = err.strip().splitlines()[-1]  # argparse prints its usage above the error
+    last = err.strip().splitlines()[-1]
     assert "Traceback" not in err and last.startswith("linvit ") and ": error: " in last, err
+    assert "usage:" not in err, err  # one line, not argparse's usage block above it
     for phrase in phrases:
         assert phrase in last, err
 
@@ -327,3 +328,22 @@ def test_a_missing_run_folder_is_named_missing_not_a_hub_id(tmp_path, monkeypatc
         check_model_name("runs/typo")
     with pytest.raises(UsageError, match="looks like a Hub repo id"):
         check_model_name("facebook/deit")
+
+
+@pytest.mark.parametrize(
+    "argv, phrase",
+    [
+        (["bench", "--runtime", "onnx", "--output", "x"], "argument --runtime: invalid choice: 'onnx'"),
+        (["predict", "x.jpg", "--amp", "fp8"], "argument --amp: invalid choice: 'fp8'"),
+        (["models", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        ([], "the following arguments are required: command"),
+    ],
+)
+def test_a_bad_flag_is_one_line_that_names_it_and_the_help(argv, phrase, capsys):
+    try:
+        code = cli_main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert phrase in err and err.strip().endswith("--help)"), err
