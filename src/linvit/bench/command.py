@@ -17,13 +17,14 @@ from ..models.variants import check_model_name, split_name
 from ..utils import COMPILE_MODES
 from ..utils.flops import count_flops
 from .machine import PEAK_DTYPES
+from .onnx_point import RUNTIMES as GRAPH_RUNTIMES
 from .opcount import count_ops
 from .report import machine_line, write_outputs
 from .runner import best_peak, busy_machine, ladder, measure_machine, sweep, with_shares
 from .suites import SUITES, suite_names
 
-# --runtime: the graphs timed beside each eager point (bench.onnx_point)
-RUNTIMES = {"eager": (), "onnxruntime": ("onnxruntime",), "onnxruntime-int8": ("onnxruntime", "onnxruntime-int8")}
+# --runtime: the graphs timed beside each eager point (bench.onnx_point): none, the float32 one, both
+RUNTIMES = {"eager": (), "onnxruntime": GRAPH_RUNTIMES[:1], "onnxruntime-int8": GRAPH_RUNTIMES}
 
 
 @dataclasses.dataclass

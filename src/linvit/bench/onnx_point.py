@@ -54,7 +54,7 @@ def measure(spec: dict) -> dict:
         if spec.get("runtime") == "onnxruntime-int8":
             quantize_int8(path, path.with_suffix(".int8.onnx"))
             path = path.with_suffix(".int8.onnx")
-        export_s = time.perf_counter() - start
+        export_s = time.perf_counter() - start  # int8: its quantization included
         session = cpu_session(path, torch.get_num_threads())
         feed = {session.get_inputs()[0].name: x.numpy()}
         timing = _time_steps(lambda: session.run(None, feed), spec, cpu)

@@ -110,10 +110,10 @@ def best_peak(before: dict, after: dict) -> dict:
 
 def busy_machine(machine: dict, ratio: float = 1.5) -> bool:
     """Whether a dtype's two peak readings (best_peak's) lie ratio apart: something else ran during the points."""
-    readings = machine.get("gemm_measured") or []
-    if len(readings) != 2:
+    if len(machine.get("gemm_measured") or []) != 2:
         return False
-    rates = [(a[d]["gflops_per_s"], b[d]["gflops_per_s"]) for a, b in [readings] for d in a if d in b]
+    before, after = machine["gemm_measured"]
+    rates = [(before[d]["gflops_per_s"], after[d]["gflops_per_s"]) for d in before if d in after]
     return any(max(x, y) > ratio * min(x, y) for x, y in rates)
 
 
