@@ -152,7 +152,8 @@ def vision_stages(out: str, seeds: list[int], task_name: str = "digit", budgets=
     return stages
 
 
-def _stage(name: str, part: str, argv: list[str], info: dict) -> Stage:
+def stage(name: str, part: str, argv: list[str], info: dict) -> Stage:
+    """A run of `linvit` argv in part/name, resumable, 1 worker on CPU."""
     folder = f"{part}/{name}"
     argv = [*argv, "--output", folder, "--workers", "0", "--device", "cpu", "--resume", "auto", "--no-progress"]
     return Stage(name, argv, [f"{name}/model.safetensors", f"{name}/metrics.jsonl"], 30, info)
@@ -163,17 +164,24 @@ def _distill(part, teacher_run, data, mixer, seed, budget, gamma: float) -> Stag
     argv = ["distill", "--teacher", teacher_run, "--data", data, "--mixer", mixer, "--seed", str(seed)]
     argv += ["--gamma-init", str(gamma), "--transfer-epochs", "1", "--epochs", "2", "--batch-size", "64"]
     info = {"method": "distill", "mixer": mixer, "seed": seed, "budget": budget}
-    return _stage(f"{GAMMA_FOLDERS[gamma]}/{mixer}/b{budget:g}/s{seed}", part, argv, info)
+    return stage(f"{GAMMA_FOLDERS[gamma]}/{mixer}/b{budget:g}/s{seed}", part, argv, info)
+
+
+def transfer_heavy_argv(teacher_run: str, data: str, mixer: str, seed: int, extra: list[str] = ()) -> list[str]:
+    """`linvit distill` on Katz's recipe (2 epochs of attention transfer at lr 2e-3, 1 end to end) with extra
+    flags; the output MSE unless extra names a --transfer-loss (the tables' `distill` rows predate the weight
+    loss as the learned maps' default)."""
+    argv = ["distill", "--teacher", teacher_run, "--data", data, "--mixer", mixer, "--seed", str(seed)]
+    argv += ["--transfer-epochs", "2", "--transfer-lr", "2e-3", "--epochs", "1", "--batch-size", "64", *extra]
+    return argv if "--transfer-loss" in extra else [*argv, "--transfer-loss", "mse"]
 
 
 def _distill_transfer_heavy(part, teacher_run, data, mixer, seed, budget, variant: str | None = None) -> Stage:
     """Katz's recipe (2 epochs of attention transfer, 1 end to end); a VARIANTS one in its own folder."""
-    argv = ["distill", "--teacher", teacher_run, "--data", data, "--mixer", mixer, "--seed", str(seed)]
-    argv += ["--transfer-epochs", "2", "--transfer-lr", "2e-3", "--epochs", "1", "--batch-size", "64"]
-    argv += [] if variant is None else VARIANTS[variant][1]
+    argv = transfer_heavy_argv(teacher_run, data, mixer, seed, [] if variant is None else VARIANTS[variant][1])
     info = {"method": "distill", "mixer": mixer, "seed": seed, "budget": budget}
     folder = variant or TRANSFER_HEAVY
-    return _stage(f"{folder}/{mixer}/b{budget:g}/s{seed}", part, argv, info)
+    return stage(f"{folder}/{mixer}/b{budget:g}/s{seed}", part, argv, info)
 
 
 def _train_argv(model: str, family: str, data: str, seed: int, lr: float, task) -> list[str]:
@@ -188,7 +196,7 @@ def _convert_finetune(part, teacher_run, data, mixer, seed, budget, task) -> Sta
     argv = _train_argv("vit_4l_patch16_224", "softmax", data, seed, 1e-4, task)  # the distillation's end-to-end lr
     argv += ["--pretrained-file", f"{teacher_run}/model.safetensors", "--convert", mixer]
     info = {"method": "convert + fine-tune", "mixer": mixer, "seed": seed, "budget": budget}
-    return _stage(f"finetune/{mixer}/b{budget:g}/s{seed}", part, argv, info)
+    return stage(f"finetune/{mixer}/b{budget:g}/s{seed}", part, argv, info)
 
 
 def _scratch(part, data, family, seed, budget, task) -> Stage:
@@ -197,7 +205,7 @@ def _scratch(part, data, family, seed, budget, task) -> Stage:
     mixer = next(m for m, f in MIXERS.items() if f == family)
     argv = _train_argv(FAMILIES[family][0], family, data, seed, RECIPE.lr, task)  # the protocol's recipe
     info = {"method": "from scratch", "mixer": mixer, "seed": seed, "budget": budget}
-    return _stage(f"scratch/{mixer}/b{budget:g}/s{seed}", part, argv, info)
+    return stage(f"scratch/{mixer}/b{budget:g}/s{seed}", part, argv, info)
 
 
 def last_metrics(path: Path) -> dict:

@@ -13,6 +13,7 @@ from linvit.distillation.recipe import (
     LM_WINDOW,
     chosen_mixer,
     chosen_stages,
+    chosen_transfer_loss,
     chosen_window,
 )
 from linvit.distillation.teacher import causal_language_teacher
@@ -76,9 +77,51 @@ def test_an_image_run_with_no_mixer_says_which_it_chose_and_starts_it_at_its_dis
     assert (open_config.mixer, open_config.gamma_init) == ("auto", None)  # both wait for the teacher
     config, notice = with_recipe(open_config)
     assert (config.mixer, config.gamma_init) == (IMAGE_MIXER, default_gamma(IMAGE_MIXER))
-    assert notice == f"linvit distill: an image teacher: --mixer {IMAGE_MIXER} (docs/distill.md#defaults)"
+    assert config.transfer_loss == "mse+xent"  # the anchor has learned maps
+    expected = (
+        f"linvit distill: an image teacher: --mixer {IMAGE_MIXER} --transfer-loss mse+xent (docs/distill.md#defaults)"
+    )
+    assert notice == expected
     config, _ = with_recipe(DistillConfig(teacher="vit_4l_patch16_224", strategy="fsdp"))
     assert config.mixer == IMAGE_MIXER  # the strategy does not change the model
+
+
+@pytest.mark.parametrize(
+    "mixer, language, expected",
+    [
+        ("linear_attention:hedgehog", False, "mse+xent"),  # measured: more kept at 64 tokens by all three forms
+        ("katz_rows:hedgehog", False, "mse+xent"),
+        ("katz_infsa:hedgehog", False, "mse+xent"),
+        ("katz_infsa", False, "mse"),  # a fixed map: unmeasured
+        ("pure_infsa", False, "mse"),  # no attention weights to match
+        ("katz_infsa:hedgehog", True, "mse"),  # language students: unmeasured
+    ],
+)
+def test_the_transfer_loss_left_open_is_the_measured_one(mixer, language, expected):
+    assert chosen_transfer_loss("auto", mixer, language) == expected
+    assert chosen_transfer_loss("mse", mixer, language) == "mse"  # asked for: kept
+
+
+def test_the_transfer_loss_is_picked_only_where_attention_transfer_runs(tmp_path):
+    """An end-to-end-only run keeps 'auto' (no transfer to pick for, and no 'ignored' notice); a resumed folder
+    keeps its stored loss, and one from before the option (none stored) its output MSE."""
+    from linvit.distillation.task import DistillConfig, skipped_stage_settings, with_recipe
+
+    base = DistillConfig(teacher="vit_4l_patch16_224", mixer="katz_rows:hedgehog")
+    config, notice = with_recipe(base.replace(stages="end-to-end"))
+    assert (config.transfer_loss, notice, skipped_stage_settings(config)) == ("auto", None, None)
+    config, notice = with_recipe(base)
+    assert config.transfer_loss == "mse+xent" and "--transfer-loss mse+xent" in notice
+    assert with_recipe(base.replace(mixer="katz_infsa"))[0:2] == (
+        base.replace(mixer="katz_infsa", transfer_loss="mse", stages="both"),
+        None,
+    )
+    for stored, expected in (({"transfer_loss": "mse"}, "mse"), ({}, "mse")):
+        (tmp_path / "args.yaml").write_text(
+            yaml.safe_dump({"mixer": "katz_rows:hedgehog", "gamma_init": 0.5, **stored})
+        )
+        resumed = base.replace(output=str(tmp_path), resume="auto")
+        assert with_recipe(resumed)[0].transfer_loss == expected
 
 
 def test_a_resumed_run_keeps_the_form_its_folder_stored(tmp_path):
@@ -175,3 +218,26 @@ def test_a_window_that_covers_the_whole_context_is_warned_about():
     assert "--window 64 covers the whole --context 32" in window_covers_context_warning(config)
     assert window_covers_context_warning(config.replace(context=128)) is None
     assert window_covers_context_warning(config.replace(window=None)) is None
+
+
+def test_the_committed_recipe_sweep_table_is_generated_from_the_committed_json(monkeypatch):
+    """docs/results.md's 64-token recipe sweep is scripts/distill_recipe_sweep.py's table of
+    docs/distill/recipe_sweep64.json; every variant row is paired with the recipe's own runs of its seeds."""
+    import json
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    monkeypatch.syspath_prepend(str(scripts))
+    monkeypatch.delitem(sys.modules, "distill_recipe_sweep", raising=False)
+    import distill_recipe_sweep as sweep
+
+    data = json.loads(sweep.FILE.read_text())
+    assert sweep.table(data) in sweep.DOC.read_text()
+    recipes = {r["form"]: dict(zip(r["seeds"], r["val_top1"], strict=True)) for r in data["rows"] if not r["vs_recipe"]}
+    for row in data["rows"]:
+        if row["variant"] == "recipe":
+            continue
+        own = dict(zip(row["seeds"], row["val_top1"], strict=True))
+        differences = [own[s] - recipes[row["form"]][s] for s in own]
+        assert row["vs_recipe"]["mean"] == pytest.approx(sum(differences) / len(differences))

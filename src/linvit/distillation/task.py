@@ -39,7 +39,7 @@ from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
 from ..weights import load_weights
 from .attention_weights import check_transfer_loss
-from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_window, stored_recipe
+from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_transfer_loss, chosen_window, stored_recipe
 from .student import make_student, merged, train_only_converted_layers, train_only_feature_maps, with_lora
 from .teacher import Logits, Teacher, absolute_teacher, causal_language_teacher, load_teacher, logits_of
 from .text import text_splits
@@ -82,7 +82,9 @@ class DistillConfig(TrainConfig):
     stages: str = "auto"
     transfer_epochs: int = 1
     transfer_lr: float = 1e-3
-    transfer_loss: str = "mse"  # mse | xent | mse+xent: output MSE, Hedgehog's attention-weight CE (attention_weights)
+    # auto | mse | xent | mse+xent: output MSE, Hedgehog's attention-weight CE (attention_weights); auto: measured
+    # (distillation.recipe.chosen_transfer_loss: mse+xent for image students with learned maps, else mse)
+    transfer_loss: str = AUTO
     lora_rank: int = 0
     temperature: float = 1.0
     hard_weight: float = 0.0
@@ -99,7 +101,8 @@ class DistillConfig(TrainConfig):
     def __post_init__(self) -> None:
         if self.mixer != AUTO:  # "auto": the form and its first discount wait for the teacher (with_recipe)
             self._check_mixer()
-        check_transfer_loss(self.transfer_loss, None if self.mixer == AUTO else self.mixer)
+        if self.transfer_loss != AUTO:  # auto waits for the teacher and the stages (with_recipe)
+            check_transfer_loss(self.transfer_loss, None if self.mixer == AUTO else self.mixer)
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:
@@ -455,6 +458,12 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     if config.stages == "auto" and stages != "both":
         chosen.append(f"--stages {stages}")
     config = config.replace(window=window, stages=stages)  # None stored as before: old folders resume
+    if config.transfer_loss == AUTO and stored:  # a folder from before the option trained on the output MSE
+        config = config.replace(transfer_loss=stored.get("transfer_loss") or "mse")
+    if config.transfer_loss == AUTO and stages != "end-to-end":  # (end to end alone: no transfer, nothing to pick)
+        config = config.replace(transfer_loss=chosen_transfer_loss(AUTO, config.mixer, language))
+        if config.transfer_loss != "mse":  # the plain loss goes unsaid
+            chosen.append(f"--transfer-loss {config.transfer_loss}")
     if not chosen:
         return config, None
     kind = "a causal language model" if language else "an image"

@@ -1,0 +1,176 @@
+"""Issue 44's 64-token goal (retention >= 99%): one change at a time to the recipe of the best students.
+
+The 64-token table of docs/results.md distils with Katz's recipe (2 epochs of attention transfer at lr 2e-3, 1
+end to end at lr 1e-4, output MSE plus Hedgehog's attention-weight loss: `distill, mse+xent`). Here each variant
+changes one thing of that recipe -- a rate, the stage split, the learned map's size -- for the Katz student that
+keeps most (katz_rows:hedgehog) and, where given, the anchor form (linear_attention:hedgehog), on the same
+64-token teachers (scripts/distill_experiment.py --part vision --task digit64 trains them) and the same 10% budget.
+Each variant's runs are paired seed by seed with the recipe's own run (OUT/vision64/distill_transfer_xent, the
+table's runs, made here if missing). Resumable stage by stage; writes docs/distill/recipe_sweep64.json and its
+table in docs/results.md:
+
+    python scripts/distill_recipe_sweep.py                        # seed 0, every variant (about 15 CPU minutes)
+    python scripts/distill_recipe_sweep.py --seeds 0 1 2 --variants feature_dim_128
+    python scripts/distill_recipe_sweep.py --report-only          # the table from the committed JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from distill_experiment import PARTS, VARIANTS, VISION_TASKS, canvases, last_metrics, stage, transfer_heavy_argv
+
+from linvit.reproduce.report import replace_between
+from linvit.reproduce.stages import run_stages
+from linvit.reproduce.stats import mean_interval, paired_difference
+from linvit_cli import run_command
+
+ROOT = Path(__file__).resolve().parents[1]
+FILE = ROOT / "docs" / "distill" / "recipe_sweep64.json"
+DOC = ROOT / "docs" / "results.md"
+BEGIN, END = "<!-- recipe-sweep:begin -->", "<!-- recipe-sweep:end -->"
+TASK, BUDGET, BASE = "digit64", 0.10, "distill_transfer_xent"  # the recipe varied: Katz's, with mse+xent
+FORMS = {"katz_rows:hedgehog": "`katz_rows`, `hedgehog` maps", "linear_attention:hedgehog": "`adala` (the anchor)"}
+# name -> (what it changes, the flags added to the recipe's; the last of a repeated flag wins)
+SWEEP = {
+    "transfer_lr_1e-3": ("attention transfer at lr 1e-3 (not 2e-3)", ["--transfer-lr", "1e-3"]),
+    "transfer_lr_1e-2": ("attention transfer at lr 1e-2 (LoLCATs' rate for its maps)", ["--transfer-lr", "1e-2"]),
+    "lr_3e-4": ("end to end at lr 3e-4 (not 1e-4)", ["--lr", "3e-4"]),
+    "lr_1e-3": ("end to end at lr 1e-3 (the teacher's)", ["--lr", "1e-3"]),
+    "split_1_2": ("1 epoch of transfer, 2 end to end (not 2 + 1)", ["--transfer-epochs", "1", "--epochs", "2"]),
+    "transfer_only": ("3 epochs of transfer, none end to end", ["--stages", "attention", "--transfer-epochs", "3"]),
+    "feature_dim_128": ("feature size f = 128, twice the head dim (256 features a head)", ["--feature-dim", "128"]),
+}
+
+
+def stages(out: Path, seeds: list[int], forms: list[str], variants: list[str]) -> list:
+    """The recipe's own runs (the 64-token table's folder), then every variant's, seed by seed."""
+    task, part = VISION_TASKS[TASK], f"{out}/{PARTS[TASK]}"
+    data = f"digits:{task.name},canvas={task.canvas},clutter={task.clutter},length={canvases(BUDGET)}"
+    found = []
+    for seed in seeds:
+        teacher = f"{part}/runs/{task.name}/softmax/s{seed}"
+        for mixer in forms:
+            recipe = transfer_heavy_argv(teacher, data, mixer, seed, VARIANTS[BASE][1])
+            info = {"mixer": mixer, "seed": seed, "budget": BUDGET}
+            found.append(stage(f"{BASE}/{mixer}/b{BUDGET:g}/s{seed}", part, recipe, {**info, "method": "recipe"}))
+            for name in variants:
+                argv, method = recipe + SWEEP[name][1], f"sweep {name}"
+                found.append(stage(f"sweep/{name}/{mixer}/s{seed}", part, argv, {**info, "method": method}))
+    return found
+
+
+def summary(out: Path) -> dict:
+    """Per form and variant: val top-1 and retention over the seeds run, and the paired change against the
+    recipe's own run of each seed (points of val top-1)."""
+    part = out / PARTS[TASK]
+    teachers, rows = {}, []
+    for seed in range(3):
+        metrics = part / f"runs/{VISION_TASKS[TASK].name}/softmax/s{seed}/metrics.jsonl"
+        if metrics.is_file():
+            teachers[seed] = last_metrics(metrics)["val_top1"]
+    for mixer in FORMS:
+        base = _top1s(part, f"{BASE}/{mixer}/b{BUDGET:g}", teachers)
+        for name in ["recipe", *SWEEP]:
+            val = base if name == "recipe" else _top1s(part, f"sweep/{name}/{mixer}", teachers)
+            if not val:
+                continue
+            retention = {s: 100 * v / teachers[s] for s, v in val.items()}
+            paired = {s: base[s] for s in val if s in base}
+            rows.append(
+                {
+                    "form": mixer,
+                    "variant": name,
+                    "seeds": list(val),
+                    "val_top1": list(val.values()),
+                    "retention": mean_interval(list(retention.values())),
+                    "vs_recipe": None if name == "recipe" else paired_difference(val, paired),
+                }
+            )
+    return {"task": TASK, "budget": BUDGET, "teachers": teachers, "rows": rows}
+
+
+def _top1s(part: Path, folder: str, teachers: dict) -> dict[int, float]:
+    found = {}
+    for seed in teachers:
+        run = part / folder / f"s{seed}"
+        if (run / "model.safetensors").is_file():
+            found[seed] = last_metrics(run / "metrics.jsonl")["val_top1"]
+    return found
+
+
+def table(data: dict) -> str:
+    """The markdown block between the markers."""
+    teachers = ", ".join(f"{v:g}" for v in data["teachers"].values())
+    lines = [
+        f"Generated by `python scripts/distill_recipe_sweep.py` from docs/distill/recipe_sweep64.json: the 64-token "
+        f"teachers (seeds {', '.join(map(str, data['teachers']))}: val top-1 {teachers}), {data['budget']:.0%} of "
+        "their steps. `recipe`: the table's `distill, mse+xent` (Katz's recipe with the attention-weight loss); "
+        "every other row changes one thing of it. Retention: mean over the seeds run, with its 95% interval where "
+        "there are several; `vs recipe`: the change of val top-1 against the recipe's own run of each seed "
+        "(points, paired).",
+        "",
+        "| student | variant | seeds | val top-1 per seed | retention (%) | vs recipe (points) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in data["rows"]:
+        what = "recipe" if row["variant"] == "recipe" else SWEEP[row["variant"]][0]
+        values = ", ".join(f"{v:.1f}" for v in row["val_top1"])
+        lines.append(
+            f"| {FORMS[row['form']]} | {what} | {len(row['seeds'])} | {values} | {_interval(row['retention'])} "
+            f"| {_interval(row['vs_recipe'], signed=True)} |"
+        )
+    return "\n".join(lines)
+
+
+def _interval(stat: dict | None, signed: bool = False) -> str:
+    if stat is None:
+        return "-"
+    fmt = "{:+.1f}" if signed else "{:.1f}"
+    if stat["n"] < 2:
+        return fmt.format(stat["mean"])
+    return f"{fmt.format(stat['mean'])} [{stat['low']:.1f}, {stat['high']:.1f}]"
+
+
+def publish(data: dict) -> None:
+    FILE.write_text(json.dumps(data, indent=2) + "\n")
+    replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(data)}\n{END}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--forms", nargs="+", choices=list(FORMS), default=["katz_rows:hedgehog"])
+    p.add_argument("--variants", nargs="+", choices=list(SWEEP), default=list(SWEEP))
+    p.add_argument("--out", default="runs/distill")
+    p.add_argument("--report-only", action="store_true", help="the table from the committed JSON")
+    args = p.parse_args()
+    if args.report_only:
+        replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(json.loads(FILE.read_text()))}\n{END}")
+        return
+    torch.set_num_threads(1)  # as distill_experiment runs its students
+    out = Path(args.out)
+    run_stages(out / PARTS[TASK], stages(out, sorted(args.seeds), args.forms, args.variants), run_command)
+    publish(_merged(summary(out)))
+
+
+def _merged(found: dict) -> dict:
+    """This checkout's runs, and the committed file's rows for what they lack (same teachers only)."""
+    if not FILE.is_file():
+        return found
+    earlier = json.loads(FILE.read_text())
+    if {int(s): v for s, v in earlier["teachers"].items()} != found["teachers"]:
+        return found
+    have = {(r["form"], r["variant"]) for r in found["rows"]}
+    kept = [r for r in earlier["rows"] if (r["form"], r["variant"]) not in have]
+    order = [(f, v) for f in FORMS for v in ["recipe", *SWEEP]]
+    rows = sorted(found["rows"] + kept, key=lambda r: order.index((r["form"], r["variant"])))
+    return found | {"rows": rows}
+
+
+if __name__ == "__main__":
+    assert VARIANTS[BASE][1] == ["--transfer-loss", "mse+xent"], "the recipe varied is Katz's with mse+xent"
+    main()
