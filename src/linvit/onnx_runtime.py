@@ -71,9 +71,17 @@ def read_metadata(session, path: Path) -> dict:
     return record
 
 
+# the operators quantized: matrix products only. onnxruntime's ConvInteger (the patch embedding, WeightFormer's
+# depthwise convolutions) ran slower than the float32 convolution: quantizing every operator made WeightFormer-T's
+# graph slower than float32 (39.4 against 30.1 ms at 224 px), products only faster (19.4), and every other family
+# faster still (docs/benchmarks.md, onnxruntime and int8)
+INT8_OPS = ("MatMul", "Gemm")
+
+
 def quantize_int8(src: Path, dst: Path) -> None:
-    """src's weights as int8 (onnxruntime's dynamic quantization: QInt8 weights, activations quantized per
-    call), with src's linvit metadata. No pre-processing pass: its shape inference fails on these graphs."""
+    """src's matrix products with int8 weights (onnxruntime's dynamic quantization: QInt8 weights, activations
+    quantized per call; INT8_OPS), with src's linvit metadata. No pre-processing pass: its shape inference fails on
+    these graphs."""
     require_onnxruntime("--quantize int8")
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -81,7 +89,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
     quiet = _DropPreprocessAdvice()
     root.addFilter(quiet)
     try:
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=list(INT8_OPS))
     finally:
         root.removeFilter(quiet)
     meta = _file_metadata(src)
