@@ -130,7 +130,7 @@ def _interval(stat: dict | None, signed: bool = False) -> str:
     if stat is None:
         return "-"
     fmt = "{:+.1f}" if signed else "{:.1f}"
-    if stat["n"] < 2:
+    if stat["n"] < 2 or stat["low"] == stat["high"]:  # one seed, or the same change on every seed
         return fmt.format(stat["mean"])
     return f"{fmt.format(stat['mean'])} [{stat['low']:.1f}, {stat['high']:.1f}]"
 
@@ -158,17 +158,22 @@ def main() -> None:
 
 
 def _merged(found: dict) -> dict:
-    """This checkout's runs, and the committed file's rows for what they lack (same teachers only)."""
+    """This checkout's runs with the committed file's rows: for each row the one over more seeds, where the
+    teachers both have agree (a checkout that trained fewer teachers keeps the committed rows over more seeds);
+    teachers that differ (another CPU kind, docs/reproduce.md) make this checkout's runs the table."""
     if not FILE.is_file():
         return found
     earlier = json.loads(FILE.read_text())
-    if {int(s): v for s, v in earlier["teachers"].items()} != found["teachers"]:
+    committed = {int(s): v for s, v in earlier["teachers"].items()}
+    if any(committed.get(seed, v) != v for seed, v in found["teachers"].items()):
         return found
-    have = {(r["form"], r["variant"]) for r in found["rows"]}
-    kept = [r for r in earlier["rows"] if (r["form"], r["variant"]) not in have]
+    rows = {(r["form"], r["variant"]): r for r in earlier["rows"]}
+    for row in found["rows"]:
+        key = (row["form"], row["variant"])
+        if key not in rows or len(row["seeds"]) >= len(rows[key]["seeds"]):
+            rows[key] = row
     order = [(f, v) for f in FORMS for v in ["recipe", *SWEEP]]
-    rows = sorted(found["rows"] + kept, key=lambda r: order.index((r["form"], r["variant"])))
-    return found | {"rows": rows}
+    return {**found, "teachers": committed | found["teachers"], "rows": [rows[k] for k in order if k in rows]}
 
 
 if __name__ == "__main__":

@@ -305,6 +305,18 @@ def _version() -> str:
         return "unknown"
 
 
+WEIGHT_FLAGS = ("--pretrained-file", "--teacher-file", "--checkpoint", "--backbone-checkpoint")
+
+
+def _weight_flags(argv: list[str] | None) -> str:
+    """The flags of argv's command that take a weights file (distill's --teacher-file, train's --pretrained-file)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = build_parser().commands
+    leaf = commands.get(tuple(argv[:2])) or commands.get(tuple(argv[:1]))
+    found = [o for a in (leaf._actions if leaf else []) for o in a.option_strings if o in WEIGHT_FLAGS]
+    return ", ".join(found) or "a weights file flag"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command: input the user can fix (linvit.errors.UsageError) is one line and exit 2 (its traceback
     with --debug); Ctrl-C is one line and exit 130 (the shell's code for SIGINT); any other exception, a
@@ -329,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(
             f"linvit {args.command}: error: pretrained weights are not in the local cache and the Hugging Face Hub "
-            "cannot be reached; give a weights file (--pretrained-file, --checkpoint) or a run folder instead",
+            f"cannot be reached; give a weights file ({_weight_flags(argv)}) or a run folder instead",
             file=sys.stderr,
         )
         return 2

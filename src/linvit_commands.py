@@ -563,10 +563,9 @@ COMMANDS = (
         flag("--transfer-lr", type=RATE, help="learning rate of attention transfer"),
         flag(
             "--transfer-loss",
-            choices=("auto", "mse", "xent", "mse+xent"),
+            choices=("mse", "xent", "mse+xent"),
             help="attention transfer's loss: each layer's relative output MSE, Hedgehog's attention-weight "
-            "cross-entropy (the learned :hedgehog maps alone) or both (default auto: both for an image student "
-            "with learned maps, as measured; else mse; docs/distill.md)",
+            "cross-entropy (the learned :hedgehog maps alone) or both (docs/distill.md)",
         ),
         flag("--lora-rank", type=NON_NEGATIVE, help="end to end: LoRA of this rank (0: every weight)"),
         flag("--temperature", type=float, help="softening of both models' logits"),

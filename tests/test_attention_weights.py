@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-import yaml
 
 from linvit.distillation import DistillConfig, load_teacher, make_student, run_distill
 from linvit.distillation.attention_weights import (
@@ -210,9 +209,11 @@ def test_a_form_without_row_stochastic_weights_is_refused_in_one_line(mixer):
     with pytest.raises(UsageError) as err:
         DistillConfig(teacher="t", data="d", output="o", mixer=mixer, transfer_loss="mse+xent")
     assert "\n" not in str(err.value) and mixer in str(err.value)
+    with pytest.raises(UsageError, match="use it with linear_attention:hedgehog or katz_infsa:hedgehog"):
+        DistillConfig(teacher="t", data="d", output="o", mixer=mixer, transfer_loss="xent")  # forms xent takes
     with pytest.raises(UsageError, match="transfer_loss must be one of mse, xent, mse\\+xent"):
         DistillConfig(teacher="t", data="d", output="o", transfer_loss="kl")
-    assert DistillConfig(teacher="t", data="d", output="o", mixer=mixer).transfer_loss == "auto"  # with_recipe: mse
+    assert DistillConfig(teacher="t", data="d", output="o", mixer=mixer).transfer_loss == "mse"
 
 
 def test_the_weight_loss_alone_needs_a_learned_map_and_trains_only_it():
@@ -251,19 +252,16 @@ def test_vision_transfer_with_the_weight_loss_runs_and_is_stored(tmp_path):
 
 def test_a_run_from_before_the_option_resumes_as_the_mse_it_ran(tmp_path):
     """A checkpoint whose args have no transfer_loss (written before the option) ran with MSE: resuming it with
-    another loss is refused in one line; with the loss left open (auto) it continues with MSE."""
-    config = vision_transfer(tmp_path, transfer_epochs=1, transfer_loss="mse")
+    another loss is refused in one line, with MSE it continues."""
+    config = vision_transfer(tmp_path, transfer_epochs=1)
     run_distill(config)
     last = tmp_path / "run" / "last.pth"
     checkpoint = torch.load(last, weights_only=False)
     del checkpoint["args"]["transfer_loss"]
     torch.save(checkpoint, last)
-    args = yaml.safe_load((tmp_path / "run" / "args.yaml").read_text())
-    del args["transfer_loss"]
-    (tmp_path / "run" / "args.yaml").write_text(yaml.safe_dump(args))
     with pytest.raises(UsageError, match="transfer.loss mse -> mse.xent"):
         run_distill(config.replace(transfer_loss="mse+xent", transfer_epochs=2, resume="auto"))
-    run_distill(config.replace(transfer_loss="auto", transfer_epochs=2, resume="auto"))
+    run_distill(config.replace(transfer_epochs=2, resume="auto"))
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["epoch"] for r in rows] == [0, 1]
 

@@ -164,10 +164,9 @@ def test_the_convert_and_mixer_choices_are_linvit_convert_forms():
 
 def test_distill_transfer_losses_are_the_librarys():
     from linvit.distillation.attention_weights import TRANSFER_LOSSES
-    from linvit.distillation.recipe import AUTO
 
     distill = PARSER.commands[("distill",)]
-    assert next(a.choices for a in distill._actions if a.dest == "transfer_loss") == (AUTO, *TRANSFER_LOSSES)
+    assert next(a.choices for a in distill._actions if a.dest == "transfer_loss") == TRANSFER_LOSSES
 
 
 def test_the_library_keeps_no_argument_parser():

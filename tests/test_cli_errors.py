@@ -305,7 +305,22 @@ def test_unreachable_hub_for_pretrained_weights_is_one_line(tmp_path, monkeypatc
     (tmp_path / "a.png").write_bytes(b"")
     assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "deit_tiny_patch16_224", "--pretrained"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Hugging Face Hub cannot be reached" in err[0]
+    assert len(err) == 1 and "Hugging Face Hub cannot be reached" in err[0] and "(--checkpoint)" in err[0]
+
+
+def test_unreachable_hub_names_the_commands_own_weight_flag(tmp_path, monkeypatch, capsys):
+    """distill takes its teacher's weights by --teacher-file: the offline error named train's flags."""
+    errors = pytest.importorskip("huggingface_hub.errors")
+    import linvit.distillation as distillation
+
+    def offline(config):
+        raise errors.LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub")
+
+    monkeypatch.setattr(distillation, "run_distill", offline)
+    argv = ["distill", "--teacher", "deit_tiny_patch16_224", "--pretrained", "--data", str(tmp_path)]
+    assert cli_main([*argv, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "(--teacher-file)" in err[0] and "--pretrained-file" not in err[0]
 
 
 @pytest.mark.parametrize(

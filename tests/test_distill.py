@@ -15,6 +15,7 @@ import pytest
 import sklearn.datasets
 import torch
 import torch.nn.functional as F
+import yaml
 
 import linvit
 from linvit.distillation import DistillConfig, load_teacher, make_student, run_distill
@@ -167,6 +168,10 @@ def test_resume_judges_each_stage_by_its_own_settings_and_follows_a_longer_plan(
         return [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
     assert epochs(tmp_path / "attention") == [0, 1] and epochs(tmp_path) == [0, 1]
+    stored = {run: yaml.safe_load((run / "args.yaml").read_text()) for run in (tmp_path, tmp_path / "attention")}
+    assert stored[tmp_path / "attention"]["transfer_epochs"] == 2  # the transfer went on
+    assert stored[tmp_path]["transfer_epochs"] == 1  # the end-to-end model was made from the first transfer
+    assert stored[tmp_path]["epochs"] == 2
     capsys.readouterr()
     assert cli_main([*longer, "--temperature", "2.0"]) == 2
     err = capsys.readouterr().err

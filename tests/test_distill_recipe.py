@@ -13,7 +13,6 @@ from linvit.distillation.recipe import (
     LM_WINDOW,
     chosen_mixer,
     chosen_stages,
-    chosen_transfer_loss,
     chosen_window,
 )
 from linvit.distillation.teacher import causal_language_teacher
@@ -77,51 +76,9 @@ def test_an_image_run_with_no_mixer_says_which_it_chose_and_starts_it_at_its_dis
     assert (open_config.mixer, open_config.gamma_init) == ("auto", None)  # both wait for the teacher
     config, notice = with_recipe(open_config)
     assert (config.mixer, config.gamma_init) == (IMAGE_MIXER, default_gamma(IMAGE_MIXER))
-    assert config.transfer_loss == "mse+xent"  # the anchor has learned maps
-    expected = (
-        f"linvit distill: an image teacher: --mixer {IMAGE_MIXER} --transfer-loss mse+xent (docs/distill.md#defaults)"
-    )
-    assert notice == expected
+    assert notice == f"linvit distill: an image teacher: --mixer {IMAGE_MIXER} (docs/distill.md#defaults)"
     config, _ = with_recipe(DistillConfig(teacher="vit_4l_patch16_224", strategy="fsdp"))
     assert config.mixer == IMAGE_MIXER  # the strategy does not change the model
-
-
-@pytest.mark.parametrize(
-    "mixer, language, expected",
-    [
-        ("linear_attention:hedgehog", False, "mse+xent"),  # measured: more kept at 64 tokens by all three forms
-        ("katz_rows:hedgehog", False, "mse+xent"),
-        ("katz_infsa:hedgehog", False, "mse+xent"),
-        ("katz_infsa", False, "mse"),  # a fixed map: unmeasured
-        ("pure_infsa", False, "mse"),  # no attention weights to match
-        ("katz_infsa:hedgehog", True, "mse"),  # language students: unmeasured
-    ],
-)
-def test_the_transfer_loss_left_open_is_the_measured_one(mixer, language, expected):
-    assert chosen_transfer_loss("auto", mixer, language) == expected
-    assert chosen_transfer_loss("mse", mixer, language) == "mse"  # asked for: kept
-
-
-def test_the_transfer_loss_is_picked_only_where_attention_transfer_runs(tmp_path):
-    """An end-to-end-only run keeps 'auto' (no transfer to pick for, and no 'ignored' notice); a resumed folder
-    keeps its stored loss, and one from before the option (none stored) its output MSE."""
-    from linvit.distillation.task import DistillConfig, skipped_stage_settings, with_recipe
-
-    base = DistillConfig(teacher="vit_4l_patch16_224", mixer="katz_rows:hedgehog")
-    config, notice = with_recipe(base.replace(stages="end-to-end"))
-    assert (config.transfer_loss, notice, skipped_stage_settings(config)) == ("auto", None, None)
-    config, notice = with_recipe(base)
-    assert config.transfer_loss == "mse+xent" and "--transfer-loss mse+xent" in notice
-    assert with_recipe(base.replace(mixer="katz_infsa"))[0:2] == (
-        base.replace(mixer="katz_infsa", transfer_loss="mse", stages="both"),
-        None,
-    )
-    for stored, expected in (({"transfer_loss": "mse"}, "mse"), ({}, "mse")):
-        (tmp_path / "args.yaml").write_text(
-            yaml.safe_dump({"mixer": "katz_rows:hedgehog", "gamma_init": 0.5, **stored})
-        )
-        resumed = base.replace(output=str(tmp_path), resume="auto")
-        assert with_recipe(resumed)[0].transfer_loss == expected
 
 
 def test_a_resumed_run_keeps_the_form_its_folder_stored(tmp_path):
@@ -150,8 +107,25 @@ def test_a_resumed_run_keeps_the_stages_and_window_its_folder_stored(tmp_path):
     base = DistillConfig(teacher="vit_4l_patch16_224", output=str(tmp_path), resume="auto")
     config, _ = with_recipe(base)
     assert (config.mixer, config.stages, config.window) == ("katz_rows:hedgehog", "attention", None)
-    assert with_recipe(base.replace(stages="both"))[0].stages == "both"  # asked for: kept (and judged by resume)
+    with pytest.raises(UsageError, match="attention-transfer-only"):  # asked for: refused before training
+        with_recipe(base.replace(stages="both"))
     assert with_recipe(base.replace(resume=None))[0].stages == "both"  # a new run: today's pick
+
+
+def test_an_attention_only_run_is_not_continued_end_to_end(tmp_path):
+    """Resuming an attention-only folder with --stages both trained a whole new attention stage into
+    OUT/attention before the end-to-end stage was refused: now refused in one line before any training."""
+    from linvit.distillation.task import DistillConfig, with_recipe
+
+    stored = {"mixer": "katz_rows:hedgehog", "gamma_init": 0.5, "stages": "attention", "window": None}
+    (tmp_path / "args.yaml").write_text(yaml.safe_dump(stored))
+    base = DistillConfig(teacher="vit_4l_patch16_224", output=str(tmp_path), resume="auto")
+    for stages in ("both", "end-to-end"):
+        with pytest.raises(UsageError, match="attention-transfer-only run.*--stages attention") as err:
+            with_recipe(base.replace(stages=stages))
+        assert "\n" not in str(err.value)
+    assert not (tmp_path / "attention").exists()
+    assert with_recipe(base.replace(stages="attention"))[0].stages == "attention"
 
 
 def test_a_resumed_language_run_without_a_window_keeps_none(tmp_path):
@@ -241,3 +215,29 @@ def test_the_committed_recipe_sweep_table_is_generated_from_the_committed_json(m
         own = dict(zip(row["seeds"], row["val_top1"], strict=True))
         differences = [own[s] - recipes[row["form"]][s] for s in own]
         assert row["vs_recipe"]["mean"] == pytest.approx(sum(differences) / len(differences))
+
+
+def test_a_sweep_over_fewer_seeds_does_not_shrink_the_committed_table(monkeypatch, tmp_path):
+    """A checkout that ran seed 0 only keeps the committed rows over 3 seeds (same teachers); its teachers
+    differing (another CPU kind) make its own runs the table."""
+    import json
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    monkeypatch.delitem(sys.modules, "distill_recipe_sweep", raising=False)
+    import distill_recipe_sweep as sweep
+
+    def row(variant, values):
+        return {"form": "katz_rows:hedgehog", "variant": variant, "seeds": list(range(len(values))),
+                "val_top1": values}  # fmt: skip
+
+    committed = {"teachers": {"0": 80.0, "1": 79.0, "2": 81.0}, "rows": [row("recipe", [78.0, 77.0, 79.0])]}
+    monkeypatch.setattr(sweep, "FILE", tmp_path / "sweep.json")
+    sweep.FILE.write_text(json.dumps(committed))
+    local = {"teachers": {0: 80.0}, "rows": [row("recipe", [78.0]), row("lr_3e-4", [77.0])]}
+    merged = sweep._merged(local)
+    assert [(r["variant"], len(r["seeds"])) for r in merged["rows"]] == [("recipe", 3), ("lr_3e-4", 1)]
+    assert merged["teachers"] == {0: 80.0, 1: 79.0, 2: 81.0}
+    other = {"teachers": {0: 80.2}, "rows": [row("recipe", [78.2])]}
+    assert sweep._merged(other) == other

@@ -66,9 +66,10 @@ def check_transfer_loss(transfer_loss: str, mixer: str | None) -> None:
     form, _, option = mixer.partition(":")
     if "xent" in transfer_loss and form not in WEIGHT_FORMS:
         why = NO_WEIGHTS.get(form, "it has no row-stochastic attention weights")
+        forms = WEIGHT_FORMS if transfer_loss != "xent" else [f"{f}:{LEARNED_FEATURE_MAPS[0]}" for f in WEIGHT_FORMS]
         raise UsageError(
             f"transfer_loss {transfer_loss!r} matches attention weights, which {form} has not ({why}): "
-            f"use it with {' or '.join(WEIGHT_FORMS)}, or transfer_loss 'mse'"
+            f"use it with {' or '.join(forms)}, or transfer_loss 'mse'"
         )
     if transfer_loss == "xent" and option not in LEARNED_FEATURE_MAPS:
         raise UsageError(

@@ -9,11 +9,6 @@ linvit's infinite-hop form, which ties the measured best, the anchor's LoLCATs f
 and 512 tokens (1.76 against 1.75%, -0.21 against -0.21% loss gap). The pick does not depend on --strategy; a
 resumed run keeps the recipe its folder stored (stored_recipe).
 
-Image students with learned (Hedgehog) maps train attention transfer on the output MSE plus Hedgehog's
-attention-weight loss: at 64 tokens (3 seeds, 10% of the teachers' steps) it kept more with each of the three
-learned-map forms (the anchor 96.6 -> 98.4%, katz_rows 95.5 -> 97.3%, Katz-InfSA 86.7 -> 90.1%). Fixed maps and
-language students keep the output MSE (the weight loss is unmeasured there).
-
 Causal language-model teachers with a stateful O(N) student form (causal Katz-InfSA, linear attention) get
 the sliding-window hybrid at LM_WINDOW tokens and spend the whole run on attention transfer: on the GPT-2 of
 docs/results.md (3 seeds, 10% of its steps), the end-to-end stage after transfer raised the windowed student's
@@ -25,11 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..conversion.core import canonical_form
-from ..layers.feature_maps import LEARNED_FEATURE_MAPS
 
 IMAGE_MIXER = "linear_attention:hedgehog"
 LANGUAGE_MIXER = "katz_infsa:hedgehog"
-IMAGE_TRANSFER_LOSS = "mse+xent"  # learned-map image students (module docstring)
 LM_WINDOW = 64  # LoLCATs' window, and the one measured (docs/results.md)
 WINDOW_FORMS = ("katz_infsa", "linear_attention")  # the causal forms whose state a window can delay
 AUTO = "auto"
@@ -61,22 +54,10 @@ def chosen_mixer(mixer: str, language: bool) -> str:
     return LANGUAGE_MIXER if language else IMAGE_MIXER
 
 
-def chosen_transfer_loss(transfer_loss: str, mixer: str, language: bool) -> str:
-    """Attention transfer's loss: the one asked for, or ("auto") the output MSE plus the attention-weight loss for
-    an image student with learned maps in a form with attention weights, the output MSE for every other."""
-    if transfer_loss != AUTO:
-        return transfer_loss
-    from .attention_weights import WEIGHT_FORMS
-
-    form, _, option = canonical_form(mixer).partition(":")
-    learned = form in WEIGHT_FORMS and option in LEARNED_FEATURE_MAPS
-    return IMAGE_TRANSFER_LOSS if learned and not language else "mse"
-
-
 def stored_recipe(output: str | None, resume: str | None) -> dict:
     """The recipe a run folder being resumed stored (its own args.yaml, or its attention stage's): mixer,
-    gamma_init, stages, window, transfer_loss (None: a folder from before the option), so that flags left open
-    resume what the run started with, whatever today's picks or --strategy; {} for a new run."""
+    gamma_init, stages, window, so that flags left open resume what the run started with, whatever today's
+    picks or --strategy; {} for a new run."""
     if not resume or not output:
         return {}
     import yaml
@@ -86,5 +67,5 @@ def stored_recipe(output: str | None, resume: str | None) -> dict:
         if args.is_file():
             stored = yaml.safe_load(args.read_text()) or {}
             if stored.get("mixer") not in (None, AUTO):
-                return {k: stored.get(k) for k in ("mixer", "gamma_init", "stages", "window", "transfer_loss")}
+                return {k: stored.get(k) for k in ("mixer", "gamma_init", "stages", "window")}
     return {}

@@ -39,7 +39,7 @@ from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
 from ..weights import load_weights
 from .attention_weights import check_transfer_loss
-from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_transfer_loss, chosen_window, stored_recipe
+from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_window, stored_recipe
 from .student import make_student, merged, train_only_converted_layers, train_only_feature_maps, with_lora
 from .teacher import Logits, Teacher, absolute_teacher, causal_language_teacher, load_teacher, logits_of
 from .text import text_splits
@@ -82,9 +82,7 @@ class DistillConfig(TrainConfig):
     stages: str = "auto"
     transfer_epochs: int = 1
     transfer_lr: float = 1e-3
-    # auto | mse | xent | mse+xent: output MSE, Hedgehog's attention-weight CE (attention_weights); auto: measured
-    # (distillation.recipe.chosen_transfer_loss: mse+xent for image students with learned maps, else mse)
-    transfer_loss: str = AUTO
+    transfer_loss: str = "mse"  # mse | xent | mse+xent: output MSE, Hedgehog's attention-weight CE (attention_weights)
     lora_rank: int = 0
     temperature: float = 1.0
     hard_weight: float = 0.0
@@ -101,8 +99,7 @@ class DistillConfig(TrainConfig):
     def __post_init__(self) -> None:
         if self.mixer != AUTO:  # "auto": the form and its first discount wait for the teacher (with_recipe)
             self._check_mixer()
-        if self.transfer_loss != AUTO:  # auto waits for the teacher and the stages (with_recipe)
-            check_transfer_loss(self.transfer_loss, None if self.mixer == AUTO else self.mixer)
+        check_transfer_loss(self.transfer_loss, None if self.mixer == AUTO else self.mixer)
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:
@@ -377,7 +374,25 @@ def stage_configs(config: DistillConfig) -> list[tuple[str, DistillConfig]]:
     if config.stages == "end-to-end":
         return [("end-to-end", config)]
     first = config.replace(output=str(Path(config.output) / "attention"), **transfer)
-    return [("attention", first), ("end-to-end", config)]
+    return [("attention", first), ("end-to-end", _end_to_end_config(config))]
+
+
+def _end_to_end_started(out: Path) -> bool:
+    """The end-to-end stage of OUT has a model or a checkpoint: it resumes its own state, whatever the transfer."""
+    return (out / "model.safetensors").is_file() or find_resume(out, "auto") is not None
+
+
+def _end_to_end_config(config: DistillConfig) -> DistillConfig:
+    """The end-to-end stage's config: once that stage has started, with the attention-transfer settings of the
+    run it was made from (its args.yaml), so that what the folder records is what its model was trained with (a
+    longer transfer asked for on resume changes OUT/attention only: stale_end_to_end_warning)."""
+    out = Path(config.output)
+    if not config.resume or not (out / "args.yaml").is_file() or not _end_to_end_started(out):
+        return config
+    import yaml
+
+    stored = yaml.safe_load((out / "args.yaml").read_text()) or {}
+    return config.replace(**{name: stored[name] for name in TRANSFER_FIELDS if name in stored})
 
 
 END_TO_END_FIELDS = ("epochs", "lr", "lora_rank", "temperature", "hard_weight", "feature_weight")
@@ -397,8 +412,7 @@ def stale_end_to_end_warning(config: DistillConfig) -> str | None:
         return None
     out = Path(config.output)
     transfer = out / "attention" / "metrics.jsonl"
-    started = (out / "model.safetensors").is_file() or find_resume(out, "auto") is not None
-    if not started or not transfer.is_file():
+    if not _end_to_end_started(out) or not transfer.is_file():
         return None
     done = len(transfer.read_text().splitlines())
     if done >= config.transfer_epochs:
@@ -447,6 +461,12 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
             chosen.append(f"--mixer {config.mixer}")
     if config.gamma_init is None and stored.get("mixer") == config.mixer:  # auto's first discount, if left open
         config = config.replace(gamma_init=stored["gamma_init"])  # (an explicit --mixer fills in its default)
+    if stored.get("stages") == "attention" and config.stages not in (AUTO, "attention"):  # before any training
+        raise UsageError(
+            f"{config.output} holds an attention-transfer-only run (--stages attention), written to the folder "
+            f"itself: it cannot go on as --stages {config.stages}; resume it with --stages attention, or distil into "
+            "a new --output"
+        )
     if config.stages == AUTO and stored.get("stages") not in (None, AUTO):
         config = config.replace(stages=stored["stages"])
     if config.window is None and stored:  # a stored None is no window (--window 0, or a folder from before)
@@ -458,12 +478,6 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     if config.stages == "auto" and stages != "both":
         chosen.append(f"--stages {stages}")
     config = config.replace(window=window, stages=stages)  # None stored as before: old folders resume
-    if config.transfer_loss == AUTO and stored:  # a folder from before the option trained on the output MSE
-        config = config.replace(transfer_loss=stored.get("transfer_loss") or "mse")
-    if config.transfer_loss == AUTO and stages != "end-to-end":  # (end to end alone: no transfer, nothing to pick)
-        config = config.replace(transfer_loss=chosen_transfer_loss(AUTO, config.mixer, language))
-        if config.transfer_loss != "mse":  # the plain loss goes unsaid
-            chosen.append(f"--transfer-loss {config.transfer_loss}")
     if not chosen:
         return config, None
     kind = "a causal language model" if language else "an image"
