@@ -355,3 +355,20 @@ def test_the_committed_share_table_is_generated_from_the_committed_json():
         assert families | {"weightformer_tiny_patch16_224"} == {p["model"] for p in run["points"]}
         assert run["machine"]["status"] == "ok" and all("peak_share" in p for p in run["points"])
     assert shares_section(runs) in (root / "docs" / "benchmarks.md").read_text()
+
+
+def test_the_committed_int8_operator_table_is_generated_from_the_committed_json():
+    """docs/benchmarks.md's int8-ops table is scripts/int8_ops_ab.py's output from its committed JSON, which timed
+    the three graphs of every family at every size it names."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("int8_ops_ab", root / "scripts" / "int8_ops_ab.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    data = json.loads(ab.FILE.read_text())
+    sizes = {p["res"] for p in data["points"]}
+    assert {(p["model"], p["res"]) for p in data["points"]} == {(m, r) for m in ab.FAMILIES for r in sizes}
+    assert all(len(p["ms"]) == 3 for p in data["points"])
+    assert ab.table(data) in ab.DOC.read_text()
