@@ -169,8 +169,8 @@ def _distill(part, teacher_run, data, mixer, seed, budget, gamma: float) -> Stag
 
 def transfer_heavy_argv(teacher_run: str, data: str, mixer: str, seed: int, extra: list[str] = ()) -> list[str]:
     """`linvit distill` on Katz's recipe (2 epochs of attention transfer at lr 2e-3, 1 end to end) with extra
-    flags; the output MSE unless extra names a --transfer-loss (the tables' `distill` rows predate the weight
-    loss as the learned maps' default)."""
+    flags; the output MSE unless extra names a --transfer-loss (named, not left to distill's default, so that the
+    tables' `distill` rows measure the same thing whatever that default becomes)."""
     argv = ["distill", "--teacher", teacher_run, "--data", data, "--mixer", mixer, "--seed", str(seed)]
     argv += ["--transfer-epochs", "2", "--transfer-lr", "2e-3", "--epochs", "1", "--batch-size", "64", *extra]
     return argv if "--transfer-loss" in extra else [*argv, "--transfer-loss", "mse"]
