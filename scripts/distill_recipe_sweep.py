@@ -130,7 +130,7 @@ def _interval(stat: dict | None, signed: bool = False) -> str:
     if stat is None:
         return "-"
     fmt = "{:+.1f}" if signed else "{:.1f}"
-    if stat["n"] < 2 or stat["low"] == stat["high"]:  # one seed, or the same change on every seed
+    if stat["n"] < 2 or f"{stat['low']:.1f}" == f"{stat['high']:.1f}":  # one seed, or one change on every seed
         return fmt.format(stat["mean"])
     return f"{fmt.format(stat['mean'])} [{stat['low']:.1f}, {stat['high']:.1f}]"
 
@@ -168,12 +168,26 @@ def _merged(found: dict) -> dict:
     if any(committed.get(seed, v) != v for seed, v in found["teachers"].items()):
         return found
     rows = {(r["form"], r["variant"]): r for r in earlier["rows"]}
+    if not _same_recipe_runs(rows, found["rows"]):  # variants are paired with the recipe rows they sit beside
+        return found
     for row in found["rows"]:
         key = (row["form"], row["variant"])
         if key not in rows or len(row["seeds"]) >= len(rows[key]["seeds"]):
             rows[key] = row
     order = [(f, v) for f in FORMS for v in ["recipe", *SWEEP]]
     return {**found, "teachers": committed | found["teachers"], "rows": [rows[k] for k in order if k in rows]}
+
+
+def _same_recipe_runs(committed: dict, rows: list[dict]) -> bool:
+    """This checkout's recipe runs give the committed recipe rows' val top-1 on every seed both have."""
+    for row in rows:
+        earlier = committed.get((row["form"], "recipe"))
+        if row["variant"] == "recipe" and earlier is not None:
+            mine = dict(zip(row["seeds"], row["val_top1"], strict=True))
+            theirs = dict(zip(earlier["seeds"], earlier["val_top1"], strict=True))
+            if any(theirs[s] != v for s, v in mine.items() if s in theirs):
+                return False
+    return True
 
 
 if __name__ == "__main__":

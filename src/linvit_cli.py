@@ -309,12 +309,13 @@ WEIGHT_FLAGS = ("--pretrained-file", "--teacher-file", "--checkpoint", "--backbo
 
 
 def _weight_flags(argv: list[str] | None) -> str:
-    """The flags of argv's command that take a weights file (distill's --teacher-file, train's --pretrained-file)."""
+    """What to give instead of Hub weights, by argv's command's own flags (distill's --teacher-file, train's
+    --pretrained-file; a command without one takes a run folder only)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = build_parser().commands
     leaf = commands.get(tuple(argv[:2])) or commands.get(tuple(argv[:1]))
     found = [o for a in (leaf._actions if leaf else []) for o in a.option_strings if o in WEIGHT_FLAGS]
-    return ", ".join(found) or "a weights file flag"
+    return f"give a weights file ({', '.join(found)}) or a run folder instead" if found else "give a run folder instead"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(
             f"linvit {args.command}: error: pretrained weights are not in the local cache and the Hugging Face Hub "
-            f"cannot be reached; give a weights file ({_weight_flags(argv)}) or a run folder instead",
+            f"cannot be reached; {_weight_flags(argv)}",
             file=sys.stderr,
         )
         return 2

@@ -107,25 +107,28 @@ def test_a_resumed_run_keeps_the_stages_and_window_its_folder_stored(tmp_path):
     base = DistillConfig(teacher="vit_4l_patch16_224", output=str(tmp_path), resume="auto")
     config, _ = with_recipe(base)
     assert (config.mixer, config.stages, config.window) == ("katz_rows:hedgehog", "attention", None)
-    with pytest.raises(UsageError, match="attention-transfer-only"):  # asked for: refused before training
+    with pytest.raises(UsageError, match="holds a --stages attention run"):  # asked for: refused before training
         with_recipe(base.replace(stages="both"))
     assert with_recipe(base.replace(resume=None))[0].stages == "both"  # a new run: today's pick
 
 
-def test_an_attention_only_run_is_not_continued_end_to_end(tmp_path):
-    """Resuming an attention-only folder with --stages both trained a whole new attention stage into
-    OUT/attention before the end-to-end stage was refused: now refused in one line before any training."""
+@pytest.mark.parametrize("stored", ["attention", "end-to-end", "both"])
+def test_a_resumed_run_asked_for_other_stages_is_refused_before_training(tmp_path, stored):
+    """Resuming an attention-only folder with --stages both trained a whole new OUT/attention before the
+    end-to-end stage was refused (an end-to-end-only folder likewise): now refused in one line up front."""
     from linvit.distillation.task import DistillConfig, with_recipe
 
-    stored = {"mixer": "katz_rows:hedgehog", "gamma_init": 0.5, "stages": "attention", "window": None}
-    (tmp_path / "args.yaml").write_text(yaml.safe_dump(stored))
+    args = {"mixer": "katz_rows:hedgehog", "gamma_init": 0.5, "stages": stored, "window": None}
+    (tmp_path / "args.yaml").write_text(yaml.safe_dump(args))
     base = DistillConfig(teacher="vit_4l_patch16_224", output=str(tmp_path), resume="auto")
-    for stages in ("both", "end-to-end"):
-        with pytest.raises(UsageError, match="attention-transfer-only run.*--stages attention") as err:
+    for stages in {"both", "attention", "end-to-end"} - {stored}:
+        expected = f"holds a --stages {stored} run.*cannot go on as --stages {stages}"
+        with pytest.raises(UsageError, match=expected) as err:
             with_recipe(base.replace(stages=stages))
         assert "\n" not in str(err.value)
-    assert not (tmp_path / "attention").exists()
-    assert with_recipe(base.replace(stages="attention"))[0].stages == "attention"
+    assert with_recipe(base.replace(stages=stored))[0].stages == stored
+    assert with_recipe(base)[0].stages == stored  # left open: the stored stages
+    assert with_recipe(base.replace(resume=None, stages="both"))[0].stages == "both"  # a new run: anything
 
 
 def test_a_resumed_language_run_without_a_window_keeps_none(tmp_path):
@@ -241,3 +244,5 @@ def test_a_sweep_over_fewer_seeds_does_not_shrink_the_committed_table(monkeypatc
     assert merged["teachers"] == {0: 80.0, 1: 79.0, 2: 81.0}
     other = {"teachers": {0: 80.2}, "rows": [row("recipe", [78.2])]}
     assert sweep._merged(other) == other
+    changed = {"teachers": {0: 80.0}, "rows": [row("recipe", [78.4]), row("lr_3e-4", [77.0])]}  # same teacher
+    assert sweep._merged(changed) == changed  # its variants are paired with its own recipe run, not the committed

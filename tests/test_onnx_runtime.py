@@ -92,6 +92,7 @@ def test_int8_export_runs_and_eval_scores_both_files_as_pytorch_does(run, tmp_pa
     ops = {node.op_type for node in onnx.load(str(int8)).graph.node}
     assert "MatMulInteger" in ops and "Conv" in ops  # products in int8, the patch convolution left in float32
     assert "ConvInteger" not in ops  # onnxruntime's int8 convolution ran slower than float32 (INT8_OPS)
+    assert "Gemm" not in ops  # the classifier's Gemm became an int8 product too (MatMul listed, Gemm not)
 
 
 def test_eval_refuses_an_onnx_file_linvit_did_not_export(run, tmp_path, capsys):

@@ -73,8 +73,8 @@ def read_metadata(session, path: Path) -> dict:
 
 # the operators quantized: the matrix products (onnxruntime's dynamic quantizer writes a Gemm as an int8 MatMul
 # plus its bias when MatMul is listed; Gemm has no dynamic quantizer of its own). Convolutions stay float32:
-# quantized too (ConvInteger: the patch embedding, WeightFormer's depthwise convolutions) they left WeightFormer-T
-# no faster than float32 and were slower than products only on 8 of 10 points (scripts/int8_ops_ab.py,
+# quantized too (ConvInteger: the patch embedding, WeightFormer's depthwise convolutions) they made WeightFormer-T
+# slower than float32 and every family slower than products only (scripts/int8_ops_ab.py,
 # docs/bench/onnxruntime/int8_ops.json; docs/benchmarks.md, onnxruntime and int8)
 INT8_OPS = ("MatMul",)
 

@@ -391,7 +391,7 @@ def _end_to_end_config(config: DistillConfig) -> DistillConfig:
         return config
     import yaml
 
-    stored = yaml.safe_load((out / "args.yaml").read_text()) or {}
+    stored = {**config.ABSENT_MEANS, **(yaml.safe_load((out / "args.yaml").read_text()) or {})}
     return config.replace(**{name: stored[name] for name in TRANSFER_FIELDS if name in stored})
 
 
@@ -446,6 +446,17 @@ def skipped_stage_settings(config: DistillConfig) -> str | None:
     return f"linvit distill: warning: {flags} ignored: --stages {config.stages} {STAGE_HINTS[config.stages]}"
 
 
+def refuse_other_stages(config: DistillConfig, stored: str | None) -> None:
+    """A resumed folder asked for other stages than it ran is refused before anything trains (the resume check
+    would refuse it too, but only after the new plan's first stage had trained into OUT/attention)."""
+    if stored in (None, AUTO) or config.stages in (AUTO, stored):
+        return
+    raise UsageError(
+        f"{config.output} holds a --stages {stored} run: it cannot go on as --stages {config.stages}; resume it "
+        f"with --stages {stored} (or leave --stages out), or distil into a new --output"
+    )
+
+
 def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     """config with the mixer, window and stages its flags left open chosen (distillation.recipe; every rank reads the
     same teacher configuration, and one that cannot read it stops), and a line saying what was chosen, if anything.
@@ -461,12 +472,7 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
             chosen.append(f"--mixer {config.mixer}")
     if config.gamma_init is None and stored.get("mixer") == config.mixer:  # auto's first discount, if left open
         config = config.replace(gamma_init=stored["gamma_init"])  # (an explicit --mixer fills in its default)
-    if stored.get("stages") == "attention" and config.stages not in (AUTO, "attention"):  # before any training
-        raise UsageError(
-            f"{config.output} holds an attention-transfer-only run (--stages attention), written to the folder "
-            f"itself: it cannot go on as --stages {config.stages}; resume it with --stages attention, or distil into "
-            "a new --output"
-        )
+    refuse_other_stages(config, stored.get("stages"))
     if config.stages == AUTO and stored.get("stages") not in (None, AUTO):
         config = config.replace(stages=stored["stages"])
     if config.window is None and stored:  # a stored None is no window (--window 0, or a folder from before)
