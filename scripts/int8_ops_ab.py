@@ -19,23 +19,17 @@ from pathlib import Path
 
 import timm
 import torch
+from ort_table import FAMILIES  # scripts/: the families of the onnxruntime table
 
 import linvit  # noqa: F401 - registers the models
 from linvit.export import export_model, fix_size_dependent_choices
-from linvit.onnx_runtime import INT8_OPS
+from linvit.onnx_runtime import INT8_OPS, cpu_session
 from linvit.utils.host import cpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE = ROOT / "docs" / "bench" / "onnxruntime" / "int8_ops.json"
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- int8-ops:begin -->", "<!-- int8-ops:end -->"
-FAMILIES = (  # fused softmax, pure InfSA, Linear-InfSA, Katz-InfSA, WeightFormer (scripts/ort_table.py's)
-    "vit_4l_patch16_224",
-    "infvit_4l_patch16_224",
-    "linear_infvit_4l_patch16_224",
-    "katz_infvit_4l_patch16_224",
-    "weightformer_tiny_patch16_224",
-)
 
 
 def graphs(name: str, res: int, folder: Path) -> dict[str, Path]:
@@ -55,22 +49,11 @@ def graphs(name: str, res: int, folder: Path) -> dict[str, Path]:
     return found
 
 
-def quiet_session(path: Path, threads: int):
-    """An onnxruntime CPU session whose worker threads sleep between runs: by default they spin on after each run,
-    and three interleaved sessions on 2 cores then take turns competing with the others' spinning threads."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def medians(name: str, res: int, threads: int) -> dict[str, float]:
     """ms per run of each graph of name at res: the median of 5 rounds, the three graphs interleaved."""
     x = torch.randn(1, 3, res, res).numpy()
     with tempfile.TemporaryDirectory() as tmp:
-        sessions = {k: quiet_session(v, threads) for k, v in graphs(name, res, Path(tmp)).items()}
+        sessions = {k: cpu_session(v, threads, spinning=False) for k, v in graphs(name, res, Path(tmp)).items()}
         feed = {next(iter(sessions.values())).get_inputs()[0].name: x}
         times = {k: [] for k in sessions}
         for session in sessions.values():

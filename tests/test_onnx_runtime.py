@@ -219,3 +219,23 @@ def test_bench_onnxruntime_refuses_what_it_does_not_time(tmp_path, capsys):
     assert "--runtime onnxruntime-int8 times float32" in capsys.readouterr().err
     assert cli_main([*bench, "--runtime", "onnxruntime", "--ladder"]) != 0
     assert "not --suite, not --ladder" in capsys.readouterr().err
+
+
+def test_a_session_asked_not_to_spin_lets_its_threads_sleep(tmp_path):
+    """cpu_session(spinning=False) (the int8 A/B's interleaved sessions) sets onnxruntime's allow_spinning off; the
+    default leaves onnxruntime's own setting."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    from linvit.onnx_runtime import cpu_session
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    key = "session.intra_op.allow_spinning"
+    quiet = cpu_session(tmp_path / "m.onnx", 2, spinning=False).get_session_options()
+    assert quiet.get_session_config_entry(key) == "0"
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # left to onnxruntime
+        cpu_session(tmp_path / "m.onnx", 2).get_session_options().get_session_config_entry(key)

@@ -130,12 +130,16 @@ def refuse_pytorch_flags(config, **more: bool) -> None:
         raise UsageError(f"{', '.join(bad)}: not for an .onnx file (it runs in onnxruntime on CPU as exported)")
 
 
-def cpu_session(path: Path, threads: int | None = None):
-    """An onnxruntime CPU session for path (intra-op threads as given, else onnxruntime's default)."""
+def cpu_session(path: Path, threads: int | None = None, spinning: bool = True):
+    """An onnxruntime CPU session for path (intra-op threads as given, else onnxruntime's default). spinning False:
+    its worker threads sleep between runs instead of spinning on (onnxruntime's default), for sessions that take
+    turns on few cores (scripts/int8_ops_ab.py)."""
     ort = require_onnxruntime("running ONNX files")
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime raises its own Fail / InvalidProtobuf types

@@ -38,6 +38,7 @@ from ..mixers import conversion_forms, get_mixer
 from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
 from ..weights import load_weights
+from ..weights.run_folder import run_args
 from .attention_weights import check_transfer_loss
 from .recipe import AUTO, chosen_mixer, chosen_stages, chosen_window, stored_recipe
 from .student import make_student, merged, train_only_converted_layers, train_only_feature_maps, with_lora
@@ -389,9 +390,7 @@ def _end_to_end_config(config: DistillConfig) -> DistillConfig:
     out = Path(config.output)
     if not config.resume or not (out / "args.yaml").is_file() or not _end_to_end_started(out):
         return config
-    import yaml
-
-    stored = {**config.ABSENT_MEANS, **(yaml.safe_load((out / "args.yaml").read_text()) or {})}
+    stored = {**config.ABSENT_MEANS, **run_args(out)}
     return config.replace(**{name: stored[name] for name in TRANSFER_FIELDS if name in stored})
 
 
