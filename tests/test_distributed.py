@@ -341,6 +341,7 @@ try:
     on_every_rank(lambda: resume.read_agreed(path, epoch, is_sharded, rank))
 except UsageError as err:
     print("refused:", err)
+dist.barrier()  # both ranks done before either tears down (rank 0 hosts the store; its early exit crashed rank 1 once)
 dist.destroy_process_group()
 """
 
