@@ -246,3 +246,18 @@ def test_a_sweep_over_fewer_seeds_does_not_shrink_the_committed_table(monkeypatc
     assert sweep._merged(other) == other
     changed = {"teachers": {0: 80.0}, "rows": [row("recipe", [78.4]), row("lr_3e-4", [77.0])]}  # same teacher
     assert sweep._merged(changed) == changed  # its variants are paired with its own recipe run, not the committed
+
+
+def test_a_change_that_rounds_to_zero_prints_without_a_minus_sign(monkeypatch):
+    """-0.04 points (gamma 0.1's paired change) is "+0.0", and an interval bound rounding to 0 is "0.0"."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    monkeypatch.delitem(sys.modules, "distill_recipe_sweep", raising=False)
+    import distill_recipe_sweep as sweep
+
+    assert sweep._interval({"n": 3, "mean": -0.04, "low": -1.3, "high": 1.3}, signed=True) == "+0.0 [-1.3, 1.3]"
+    assert sweep._interval({"n": 3, "mean": 0.5, "low": -0.01, "high": 1.0}, signed=True) == "+0.5 [0.0, 1.0]"
+    assert sweep._interval({"n": 3, "mean": 0.8, "low": 0.8, "high": 0.8}, signed=True) == "+0.8"
+    assert sweep._interval({"n": 1, "mean": 95.94, "low": None, "high": None}) == "95.9"
