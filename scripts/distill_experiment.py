@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import torch
+from distill_report import ROWS_METHODS  # scripts/, beside this one
 
 from linvit.distillation.task import default_gamma
 from linvit.reproduce.plan import RECIPES, TASKS, Planner, Stage, model_kwargs
@@ -62,6 +63,9 @@ TRANSFER_HEAVY = "distill_transfer"
 VARIANTS = {
     "distill_transfer_gamma0.1": ("distill, gamma_init 0.1", ["--gamma-init", "0.1"]),
     "distill_transfer_xent": ("distill, mse+xent", ["--transfer-loss", "mse+xent"]),
+    # the learned map twice the head dim (64 -> 128; 2f features a head): at 64 tokens it raised the anchor on each
+    # seed (docs/results.md, the recipe sweep); here on the 16-token tasks, to decide whether it becomes the default
+    "distill_f128": ("distill, f = 128", ["--feature-dim", "128"]),
 }
 # a variant's rows appear where its runs exist (the anchor's mse+xent: katz_rows' comparison on the same loss)
 VARIANT_MIXERS = ("katz_infsa:hedgehog", "katz_rows:hedgehog", "linear_attention:hedgehog")
@@ -457,7 +461,6 @@ def other_teachers(summary: dict, published: Path) -> bool:
 
 # issue 44: katz_rows beside Katz-InfSA with the same maps and the anchor, each task on one set of teachers
 ROWS_FORMS = ("katz_infsa:hedgehog", "katz_rows:hedgehog", "linear_attention:hedgehog")
-ROWS_METHODS = ("distill", "distill, mse+xent")  # each form on Katz's recipe, and with the weight loss beside
 
 
 def rows_comparison(out: Path, published: Path) -> dict:

@@ -1,0 +1,47 @@
+"""docs/results.md's distillation sections are scripts/distill_experiment.py's tables of the committed
+docs/distill/*.json (results tables are generated, never typed: a hand edit or a JSON left behind fails here)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def scripts(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    for name in ("distill_experiment", "distill_report"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import distill_experiment
+    import distill_report
+
+    return distill_experiment, distill_report
+
+
+def test_the_distillation_section_is_the_table_of_the_committed_summaries(scripts):
+    experiment, report = scripts
+    parts = (*experiment.PARTS.values(), *experiment.LANGUAGE_PARTS.values(), "timing")
+    summaries = {p: json.loads((ROOT / f"docs/distill/{p}.json").read_text()) for p in parts}
+    block = f"{experiment.BEGIN}\n{report.tables(summaries)}\n{experiment.END}"
+    assert block in (ROOT / "docs/results.md").read_text()
+
+
+def test_the_katz_rows_section_is_the_table_of_the_committed_comparison(scripts):
+    _, report = scripts
+    comparison = json.loads((ROOT / "docs/distill/katz_rows.json").read_text())
+    block = f"{report.ROWS_BEGIN}\n{report.rows_table(comparison)}\n{report.ROWS_END}"
+    assert block in (ROOT / "docs/results.md").read_text()
+
+
+def test_every_row_of_the_katz_rows_comparison_pairs_three_seeds_on_one_set_of_teachers(scripts):
+    """Each task's rows distil the same teachers, so a row paired with the anchor pairs like with like."""
+    comparison = json.loads((ROOT / "docs/distill/katz_rows.json").read_text())
+    for task in comparison.values():
+        teachers = sorted(int(s) for s in task["teachers"])
+        for row in task["rows"]:
+            seeds = row.get("seeds", row["vs_teacher"]["seeds"])  # rows before "seeds" list them there
+            assert sorted(seeds) == teachers == [0, 1, 2], (task["task"], row["mixer"], row["method"])
+            assert row["budget"] == 0.1
