@@ -2,14 +2,14 @@
 
 The 64-token table of docs/results.md distils with Katz's recipe (2 epochs of attention transfer at lr 2e-3, 1
 end to end at lr 1e-4, output MSE plus Hedgehog's attention-weight loss: `distill, mse+xent`). Here each variant
-changes one thing of that recipe -- a rate, the stage split, the learned map's size -- for the Katz student that
-keeps most (katz_rows:hedgehog) and, where given, the anchor form (linear_attention:hedgehog), on the same
-64-token teachers (scripts/distill_experiment.py --part vision --task digit64 trains them) and the same 10% budget.
+changes one thing of that recipe -- a rate, the stage split, the learned map's size, the first discount, the
+end-to-end loss -- for the Katz student that keeps most (katz_rows:hedgehog) and, where given, the anchor form
+(linear_attention:hedgehog), on the same 64-token teachers (scripts/distill_experiment.py --part vision --task digit64 trains them) and the same 10% budget.
 Each variant's runs are paired seed by seed with the recipe's own run (OUT/vision64/distill_transfer_xent, the
 table's runs, made here if missing). Resumable stage by stage; writes docs/distill/recipe_sweep64.json and its
 table in docs/results.md:
 
-    python scripts/distill_recipe_sweep.py                        # seed 0, every variant (about 15 CPU minutes)
+    python scripts/distill_recipe_sweep.py                        # seed 0, every variant (about 25 CPU minutes)
     python scripts/distill_recipe_sweep.py --seeds 0 1 2 --variants feature_dim_128
     python scripts/distill_recipe_sweep.py --report-only          # the table from the committed JSON
 """
@@ -47,6 +47,11 @@ SWEEP = {
     # sets how much weight the hops past the first get (the anchor is the first hop alone, row-normalised)
     "gamma_0.25": ("first discount 0.25 (not 0.5): hops past the first weigh less", ["--gamma-init", "0.25"]),
     "gamma_0.1": ("first discount 0.1 (not 0.5): little weight past the first hop", ["--gamma-init", "0.1"]),
+    # the end-to-end stage's loss (the teacher's logits, KL at temperature 1): ViT-AdaLA's feature alignment, the
+    # labels, a softer target
+    "feature_weight_1": ("end to end also fits each layer's output (--feature-weight 1)", ["--feature-weight", "1"]),
+    "hard_weight_0.5": ("end to end half on the labels (--hard-weight 0.5)", ["--hard-weight", "0.5"]),
+    "temperature_2": ("end to end at temperature 2 (not 1)", ["--temperature", "2"]),
 }
 
 
