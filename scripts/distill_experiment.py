@@ -31,12 +31,11 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
-from distill_report import ROWS_METHODS  # scripts/, beside this one
+from distill_report import ROWS_BEGIN, ROWS_END, ROWS_METHODS, VISION_PARTS, figure, rows_table, tables  # scripts/
 
 from linvit.distillation.task import default_gamma
 from linvit.reproduce.plan import RECIPES, TASKS, Planner, Stage, model_kwargs
@@ -435,8 +434,6 @@ def publish(out: Path, docs: Path) -> None:
         raise SystemExit(f"nothing to publish: no summary under {out} or {target}")
     for part, summary in summaries.items():
         (target / f"{part}.json").write_text(json.dumps(summary, indent=2))
-    from distill_report import ROWS_BEGIN, ROWS_END, VISION_PARTS, figure, rows_table, tables  # scripts/
-
     for part, figure_name in VISION_PARTS.items():
         if part in summaries:
             figure(summaries[part], target / figure_name)
@@ -530,7 +527,6 @@ def main() -> None:
             summary = language_summary(out, [0, 1, 2], context, published)
             (out / part / "summary.json").write_text(json.dumps(summary, indent=2))
     if args.publish:
-        sys.path.insert(0, str(Path(__file__).parent))
         publish(out, Path(args.publish))
 
 

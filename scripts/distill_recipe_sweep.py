@@ -4,7 +4,8 @@ The 64-token table of docs/results.md distils with Katz's recipe (2 epochs of at
 end to end at lr 1e-4, output MSE plus Hedgehog's attention-weight loss: `distill, mse+xent`). Here each variant
 changes one thing of that recipe -- a rate, the stage split, the learned map's size, the first discount, the
 end-to-end loss -- for the Katz student that keeps most (katz_rows:hedgehog) and, where given, the anchor form
-(linear_attention:hedgehog), on the same 64-token teachers (scripts/distill_experiment.py --part vision --task digit64 trains them) and the same 10% budget.
+(linear_attention:hedgehog), on the same 64-token teachers (scripts/distill_experiment.py --part vision --task
+digit64 trains them) and the same 10% budget.
 Each variant's runs are paired seed by seed with the recipe's own run (OUT/vision64/distill_transfer_xent, the
 table's runs, made here if missing). Resumable stage by stage; writes docs/distill/recipe_sweep64.json and its
 table in docs/results.md:
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 from distill_experiment import PARTS, VARIANTS, VISION_TASKS, canvases, last_metrics, stage, transfer_heavy_argv
+from distill_report import rounded
 
 from linvit.reproduce.report import replace_between
 from linvit.reproduce.stages import run_stages
@@ -139,15 +141,10 @@ def _interval(stat: dict | None, signed: bool = False) -> str:
     if stat is None:
         return "-"
     fmt = "{:+.1f}" if signed else "{:.1f}"
-    mean = _rounded(stat["mean"])
-    if stat["n"] < 2 or _rounded(stat["low"]) == _rounded(stat["high"]):  # one seed, or one change on every seed
+    mean = rounded(stat["mean"])
+    if stat["n"] < 2 or rounded(stat["low"]) == rounded(stat["high"]):  # one seed, or one change on every seed
         return fmt.format(mean)
-    return f"{fmt.format(mean)} [{_rounded(stat['low']):.1f}, {_rounded(stat['high']):.1f}]"
-
-
-def _rounded(value: float) -> float:
-    """To the table's 0.1, never -0.0 (a change of -0.04 points prints as no change, not as a fall)."""
-    return round(value, 1) + 0.0
+    return f"{fmt.format(mean)} [{rounded(stat['low']):.1f}, {rounded(stat['high']):.1f}]"
 
 
 def publish(data: dict) -> None:

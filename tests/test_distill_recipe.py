@@ -249,7 +249,7 @@ def test_a_sweep_over_fewer_seeds_does_not_shrink_the_committed_table(monkeypatc
 
 
 def test_a_change_that_rounds_to_zero_prints_without_a_minus_sign(monkeypatch):
-    """-0.04 points (gamma 0.1's paired change) is "+0.0", and an interval bound rounding to 0 is "0.0"."""
+    """A paired change of -0.04 points is "+0.0", and an interval bound rounding to 0 is "0.0"."""
     import sys
     from pathlib import Path
 
