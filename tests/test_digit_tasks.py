@@ -147,6 +147,8 @@ def test_digits_spec_parses_and_refuses_in_one_line():
         ("digits:add", "one of digit, max, sum"),
         ("digits:sum,size=3", "options are"),
         ("digits:digit,seed=x", "integer"),
+        ("digits:digit,length=0", "at least 1"),  # 0 would silently mean the split's own length
+        ("digits:digit,length=-5", "at least 1"),  # a negative one failed inside the sampler
     ]:
         with pytest.raises(ValueError, match=message):
             parse_digits_spec(bad)

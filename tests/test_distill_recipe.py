@@ -261,3 +261,20 @@ def test_a_change_that_rounds_to_zero_prints_without_a_minus_sign(monkeypatch):
     assert sweep._interval({"n": 3, "mean": 0.5, "low": -0.01, "high": 1.0}, signed=True) == "+0.5 [0.0, 1.0]"
     assert sweep._interval({"n": 3, "mean": 0.8, "low": 0.8, "high": 0.8}, signed=True) == "+0.8"
     assert sweep._interval({"n": 1, "mean": 95.94, "low": None, "high": None}) == "95.9"
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("temperature", float("inf"), "temperature must be a finite number > 0"),  # was a non-finite loss later
+        ("temperature", float("nan"), "temperature must be a finite number > 0"),
+        ("feature_weight", -1.0, "feature_weight"),  # would reward the layers' error
+        ("feature_weight", float("inf"), "feature_weight"),
+    ],
+)
+def test_an_end_to_end_weight_that_cannot_train_is_refused_in_one_line(field, value, message):
+    from linvit.distillation.task import DistillConfig
+
+    with pytest.raises(UsageError, match=message):
+        DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows:hedgehog", **{field: value})
+    assert DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows:hedgehog", feature_weight=0.0)

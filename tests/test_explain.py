@@ -567,6 +567,16 @@ def test_the_figures_show_a_seeded_class_spread_sample(digits_and_run, tmp_path)
     assert first_targets("b", 0) == (targets, paths) and first_targets("c", 1)[1] != paths
 
 
+def test_export_at_another_size_says_the_runs_own_on_stderr(digits_and_run, tmp_path, capsys):
+    """An exported file at another size than the run trained at runs, at another accuracy: said, as eval does."""
+    _, run = digits_and_run
+    argv = ["export", "--model", str(run), "--output", str(tmp_path / "run.onnx")]
+    assert cli_main([*argv, "--img-size", "48"]) == 0
+    assert f"linvit export: note: {run} was trained at 32 px and is exported at 48 px" in capsys.readouterr().err
+    assert cli_main(argv) == 0
+    assert "trained at" not in capsys.readouterr().err
+
+
 def test_eval_at_another_size_says_the_runs_own_on_stderr(digits_and_run, capsys):
     """Issue 45.11: --img-size other than the run's still runs, with one line naming the size it was trained at."""
     data, run = digits_and_run

@@ -26,9 +26,10 @@ def class_count(data: str, split: str) -> int:
     return len(open_split(data, split).classes)
 
 
-def other_size_note(checkpoint, img_size) -> str | None:
-    """One line when a run is evaluated at another input size than it was trained at: it runs (the position
-    table is resampled), but its accuracy there is not the run's, so it is said rather than left silent."""
+def other_size_note(checkpoint, img_size, command: str = "eval", done: str = "evaluated") -> str | None:
+    """One line when a run is evaluated (or exported: command, done) at another input size than it was trained
+    at: it runs (the position table is resampled), but its accuracy there is not the run's, so it is said rather
+    than left silent."""
     trained = height_width(run_model_args(checkpoint).get("img_size")) if checkpoint else None
     wanted = height_width(img_size)
     if trained is None or wanted is None or trained == wanted:
@@ -38,7 +39,7 @@ def other_size_note(checkpoint, img_size) -> str | None:
         return f"{size[0]}" if size[0] == size[1] else f"{size[0]} x {size[1]}"
 
     return (
-        f"linvit eval: note: {checkpoint} was trained at {px(trained)} px and is evaluated at {px(wanted)} px "
+        f"linvit {command}: note: {checkpoint} was trained at {px(trained)} px and is {done} at {px(wanted)} px "
         "(position embeddings resampled; accuracy at another size is not the run's)"
     )
 

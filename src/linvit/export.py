@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 import warnings
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from timm.data import resolve_data_config
 
 from .config import Config
 from .errors import UsageError
+from .evaluate import other_size_note
 from .layers import PureInfSAAttention
 from .models import WeightFormer, create_variant, patch_size
 from .onnx_runtime import classifier_metadata, quantize_int8, require_onnxruntime, write_metadata
@@ -249,6 +251,8 @@ def run_export(config: ExportConfig) -> dict:
             f"{config.model} takes {run_size[0]} x {run_size[1]} only (a fixed-size position table): export at "
             "that size, or add --model-kwargs dynamic_img_size=True to resample it per input"
         )
+    if is_run and (note := other_size_note(config.model, img_size, "export", "exported")):
+        print(note, file=sys.stderr)
     reference = copy.deepcopy(model)  # the model as named: the export's fixed choices below do not touch it
     scripted = fmt == "torchscript"
     step = size_step(model, fmt) if config.dynamic_size else None

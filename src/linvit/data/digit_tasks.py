@@ -259,6 +259,8 @@ def parse_digits_spec(data: str) -> dict:
             kwargs[key] = int(value)
         except ValueError as err:
             raise UsageError(f"--data {data}: {key} takes an integer, got {value!r}") from err
+        if key == "length" and kwargs[key] < 1:  # 0 would mean the split's own length, a negative one nothing
+            raise UsageError(f"--data {data}: length= is the canvases an epoch draws, at least 1; got {value}")
     if kwargs["task"] not in TASKS:
         raise UsageError(f"--data {data}: the task is one of {', '.join(TASKS)}, got {kwargs['task']!r}")
     return kwargs

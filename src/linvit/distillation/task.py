@@ -13,6 +13,7 @@ OUT ends as a model folder like every run's; `linvit.load_run(OUT)` gives the st
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -105,8 +106,12 @@ class DistillConfig(TrainConfig):
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:
             raise UsageError(f"hard_weight is the labels' share of the loss, in [0, 1]; got {self.hard_weight}")
-        if self.temperature <= 0:
-            raise UsageError(f"temperature must be > 0, got {self.temperature}")
+        if not 0.0 < self.temperature < math.inf:  # nan too
+            raise UsageError(f"temperature must be a finite number > 0, got {self.temperature}")
+        if not 0.0 <= self.feature_weight < math.inf:  # a negative weight would reward the layers' error
+            raise UsageError(
+                f"feature_weight weighs the layers' output MSE: a finite number >= 0, got {self.feature_weight}"
+            )
 
     def _check_mixer(self) -> None:
         if self.gamma_init is None:
