@@ -278,3 +278,17 @@ def test_an_end_to_end_weight_that_cannot_train_is_refused_in_one_line(field, va
     with pytest.raises(UsageError, match=message):
         DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows:hedgehog", **{field: value})
     assert DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows:hedgehog", feature_weight=0.0)
+
+
+def test_a_discount_given_to_a_form_without_one_is_warned_about():
+    """The anchor (plain linear attention) has no discount: --gamma-init trains nothing there, and says so; its
+    stored default (a resumed run's) and a Katz form's discount stay silent."""
+    from linvit.distillation.task import DistillConfig, unused_discount_warning
+
+    def config(mixer, gamma=None):
+        return DistillConfig(teacher="t", data="d", output="o", mixer=mixer, gamma_init=gamma)
+
+    warning = unused_discount_warning(config("linear_attention:hedgehog", 0.25))
+    assert warning == ("linvit distill: warning: --gamma-init 0.25 ignored: linear_attention:hedgehog has no discount")
+    assert unused_discount_warning(config("linear_attention:hedgehog")) is None
+    assert unused_discount_warning(config("katz_rows:hedgehog", 0.25)) is None

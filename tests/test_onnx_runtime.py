@@ -148,6 +148,9 @@ def test_quantize_needs_onnx_format_and_onnxruntime(tmp_path, capsys, monkeypatc
     export = ["export", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1", "--img-size", "32"]
     assert cli_main([*export, "--output", str(tmp_path / "m.pt2"), "--quantize", "int8"]) != 0
     assert "--quantize int8 quantizes ONNX graphs" in capsys.readouterr().err
+    assert cli_main([*export, "--output", str(tmp_path / "m.int8.onnx"), "--quantize", "int8"]) != 0
+    assert f"give --output {tmp_path / 'm.onnx'}, and the int8 graph" in capsys.readouterr().err  # not m.int8.int8
+    assert not list(tmp_path.iterdir())
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
     assert cli_main([*export, "--output", str(tmp_path / "m.onnx"), "--quantize", "int8"]) != 0
     assert "--quantize int8 needs onnxruntime: pip install" in capsys.readouterr().err

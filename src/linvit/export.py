@@ -241,7 +241,7 @@ def run_export(config: ExportConfig) -> dict:
     if out.is_dir():
         raise UsageError(f"--output {out} is a folder; give the file to write, e.g. {out / 'model.onnx'}")
     fmt = resolve_format(config.format, out)
-    check_quantize(config.quantize, fmt)
+    check_quantize(config.quantize, fmt, out)
     model, name, is_run = load_export_model(config.model, config.model_kwargs, img_size)
     model.eval()
     run_size = own_size(model) if is_run else None
@@ -288,14 +288,21 @@ def run_export(config: ExportConfig) -> dict:
     return summary
 
 
-def check_quantize(quantize: str | None, fmt: str) -> None:
-    """A one-line error before anything is exported: --quantize is onnxruntime's, for ONNX files."""
+def check_quantize(quantize: str | None, fmt: str, out: Path) -> None:
+    """A one-line error before anything is exported: --quantize is onnxruntime's, for ONNX files, and --output
+    names the float32 graph (the int8 one goes beside it)."""
     if quantize is None:
         return
     if quantize != "int8":
         raise UsageError(f"--quantize {quantize}: only int8 (onnxruntime dynamic quantization)")
     if fmt != "onnx":
         raise UsageError(f"--quantize int8 quantizes ONNX graphs (onnxruntime); --format is {fmt}")
+    if out.name.endswith(".int8.onnx"):  # it would hold the float32 graph, and the int8 one X.int8.int8.onnx
+        float32 = out.name[: -len(".int8.onnx")] + ".onnx"
+        raise UsageError(
+            f"--output {out} would hold the float32 graph: give --output {out.with_name(float32)}, and the int8 "
+            f"graph is written beside it as {out.name}"
+        )
     require_onnxruntime("--quantize int8")
 
 

@@ -506,6 +506,15 @@ def window_covers_context_warning(config: DistillConfig) -> str | None:
     return None
 
 
+def unused_discount_warning(config: DistillConfig) -> str | None:
+    """A line for a first discount given to a form without one (plain linear attention, the anchor): it is
+    stored with the run but trains nothing. Its default (default_gamma) stays silent, as resumed runs store it."""
+    mixer = get_mixer(config.mixer.partition(":")[0], warn=False)
+    if mixer.discount or config.gamma_init == default_gamma(config.mixer):
+        return None
+    return f"linvit distill: warning: --gamma-init {config.gamma_init} ignored: {config.mixer} has no discount"
+
+
 def random_teacher_warning(config: DistillConfig) -> str | None:
     """A line for a timm or torchvision name given without weights: its student would learn a random model (and
     keep "100%" of it)."""
@@ -527,7 +536,11 @@ def run_distill(config: DistillConfig) -> nn.Module:
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
     config, chosen = with_recipe(config)
     notices = (chosen, skipped_stage_settings(config), checkpointing_notice(config), random_teacher_warning(config))
-    notices += (stale_end_to_end_warning(config), window_covers_context_warning(config))
+    notices += (
+        stale_end_to_end_warning(config),
+        window_covers_context_warning(config),
+        unused_discount_warning(config),
+    )
     for notice in notices:
         if notice and int(os.environ.get("RANK", "0")) == 0:  # once under torchrun (before the process group exists)
             print(notice, file=sys.stderr)
