@@ -62,8 +62,9 @@ TRANSFER_HEAVY = "distill_transfer"
 VARIANTS = {
     "distill_transfer_gamma0.1": ("distill, gamma_init 0.1", ["--gamma-init", "0.1"]),
     "distill_transfer_xent": ("distill, mse+xent", ["--transfer-loss", "mse+xent"]),
-    # the learned map twice the head dim (64 -> 128; 2f features a head): at 64 tokens it raised the anchor on each
-    # seed (docs/results.md, the recipe sweep); here on the 16-token tasks, to decide whether it becomes the default
+    # the learned map twice the head dim (64 -> 128; 2f features a head): with the weight loss at 64 tokens it raised
+    # the anchor on each seed (docs/results.md, the recipe sweep); here on every task's output MSE, to decide whether
+    # it becomes the default
     "distill_f128": ("distill, f = 128", ["--feature-dim", "128"]),
 }
 # a variant's rows appear where its runs exist (the anchor's mse+xent: katz_rows' comparison on the same loss)

@@ -151,8 +151,8 @@ def _paired(row: dict, other: dict, field: str) -> dict:
 
 
 ROWS_BEGIN, ROWS_END = "<!-- katz-rows:begin -->", "<!-- katz-rows:end -->"
-# the katz_rows comparison's methods, in its table's order: Katz's recipe, with the weight loss beside, and with a
-# learned map twice the head dim
+# the katz_rows comparison's methods, in its table's order: Katz's recipe, with the weight loss beside, with a
+# learned map twice the head dim, and started at a tenth of a discount
 ROWS_METHODS = ("distill", "distill, mse+xent", "distill, f = 128", "distill, gamma_init 0.1")
 NO_DISCOUNT = ("distill, gamma_init 0.1",)  # the anchor has no discount: its `distill` run is its run of these
 
