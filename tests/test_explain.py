@@ -570,7 +570,7 @@ def test_the_figures_show_a_seeded_class_spread_sample(digits_and_run, tmp_path)
 def test_export_at_another_size_says_the_runs_own_on_stderr(digits_and_run, tmp_path, capsys):
     """An exported file at another size than the run trained at runs, at another accuracy: said, as eval does."""
     _, run = digits_and_run
-    argv = ["export", "--model", str(run), "--output", str(tmp_path / "run.onnx")]
+    argv = ["export", "--model", str(run), "--output", str(tmp_path / "run.pt2")]  # .onnx needs .[export]
     assert cli_main([*argv, "--img-size", "48"]) == 0
     assert f"linvit export: note: {run} was trained at 32 px and is exported at 48 px" in capsys.readouterr().err
     assert cli_main(argv) == 0
