@@ -749,7 +749,7 @@ COMMANDS = (
         "linvit.prediction.classify:PredictConfig:run_predict",
         IMAGES,
         model("model name (any timm form, :variant); without it --checkpoint is a run folder", required=False),
-        checkpoint("a run folder, or weights for --model (.pth / .safetensors)"),
+        checkpoint("a run folder, weights for --model (.pth / .safetensors), or a `linvit export` .onnx"),
         Group(
             None,
             (

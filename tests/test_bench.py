@@ -189,6 +189,14 @@ def test_gpu_suite_dry_run_on_cpu(tmp_path):
     assert "gpu_family4l" not in suite_names("all")
 
 
+def test_dry_run_without_a_suite_is_refused_before_measuring(tmp_path, capsys):
+    """--dry-run shrinks a suite's points; with --models it was ignored and the full sizes ran."""
+    argv = ["bench", "--models", "linear_infvit_tiny_patch16_224", "--res", "1024", "--dry-run"]
+    assert cli_main([*argv, "--output", str(tmp_path / "b")]) == 2
+    assert "--dry-run checks a --suite's plan at 32 px" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
 def test_cli_compile_choices_are_the_library_modes():
     from linvit.cli import build_parser
     from linvit.utils import COMPILE_MODES

@@ -152,7 +152,7 @@ def test_overlay_keeps_the_size_and_dims_only_what_the_model_did_not_see():
     assert (flat == colour_table()[0]).all()  # a constant map is one colour, not noise stretched to full range
 
 
-def test_predict_maps_are_overlays_at_the_original_size(tmp_path):
+def test_predict_maps_are_overlays_at_the_original_size(tmp_path, capsys):
     (tmp_path / "in" / "sub").mkdir(parents=True)
     Image.open(PHOTOS / "china.jpg").save(tmp_path / "in" / "china.png")
     Image.open(PHOTOS / "flower.jpg").resize((200, 120)).save(tmp_path / "in" / "sub" / "flower.png")
@@ -169,6 +169,8 @@ def test_predict_maps_are_overlays_at_the_original_size(tmp_path):
     )
     assert np.load(maps / "sub" / "flower.npy").shape == (4, 6)  # the 64 x 96 input's patch grid
     assert cli_main(["predict", str(tmp_path / "in"), "--model", name, "--maps", str(maps), "--method", "nope"]) == 2
+    assert cli_main(["predict", str(tmp_path / "in"), "--model", name, "--method", "column"]) == 2  # no --maps
+    assert "--method column chooses how --maps are computed: add --maps DIR" in capsys.readouterr().err
 
 
 def test_predict_maps_match_importance_maps(tmp_path, model):

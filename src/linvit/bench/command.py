@@ -68,6 +68,8 @@ def run_bench(config: BenchConfig) -> None:
         _check_onnxruntime_run(config)
     if config.suite:
         plans = [_suite_plan(config, name) for name in suite_names(config.suite)]
+    elif config.dry_run:  # it shrinks a suite's points; --models' points are the flags' own
+        raise UsageError("--dry-run checks a --suite's plan at 32 px; with --models, give --res 32 --iters 1 instead")
     elif config.models:
         plans = [_flag_plan(config)]
     else:

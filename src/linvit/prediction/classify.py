@@ -171,6 +171,8 @@ def run_predict(config: PredictConfig) -> list[dict]:
     from ..utils.compile import compile_model
     from ..weights import height_width
 
+    if config.method is not None and not config.maps:  # it would be ignored: no map is written without --maps
+        raise UsageError(f"--method {config.method} chooses how --maps are computed: add --maps DIR")
     paths = find_images(config.images)
     model = load_model(config)
     device = torch.device("cpu") if isinstance(model, OnnxClassifier) else resolve_device(config.device)
