@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -90,6 +91,9 @@ def test_errors_name_the_module_and_leave_the_model_unchanged():
         convert(nn.Linear(3, 3), "linear_infsa")
     with pytest.raises(ValueError, match="gamma_init"):
         convert(model, "linear_infsa", gamma_init=1.0)
+    for wrong in ("0.5", True, None):  # one line, not a TypeError deep in a comparison
+        with pytest.raises(ValueError, match=r"gamma_init must be a number in \(0, 1\), got"):
+            convert(model, "katz_infsa", gamma_init=wrong)
     with pytest.raises(ValueError, match="pattern"):
         convert(model, "linear_infsa", include="blocks[")
     gated = nn.Sequential(Attention(16, 2, gated=True))
@@ -286,3 +290,13 @@ def test_a_converted_timm_model_saves_and_reloads_the_timm_way(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(again(x), model.eval()(x), rtol=0, atol=0)
+
+
+def test_a_form_without_a_discount_ignores_gamma_init():
+    """Plain linear attention (the anchor) has no discount: convert does not range-check a value it never reads,
+    and the layers are the same whatever is given."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Attention(16, 2))
+    x = torch.randn(2, 5, 16)
+    outputs = [convert(copy.deepcopy(model), "linear_attention", gamma_init=g)(x) for g in (0.0, 0.5)]
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)

@@ -17,7 +17,7 @@ from timm.layers import trunc_normal_
 
 from ..errors import UsageError
 from ..layers.feature_maps import LEARNED_FEATURE_MAPS
-from ..layers.infsa_attention import LINEAR_VARIANTS, check_choice, check_feature_map
+from ..layers.infsa_attention import LINEAR_VARIANTS, check_choice, check_feature_map, check_gamma_init
 from ..mixers import Mixer, conversion_forms, get_mixer, list_mixers, mixer_of
 from .adapters import AttentionWeights, UnmappableAttention, adapter_for, builtin_adapters
 from .language import convert_language_model, interface_attention_modules
@@ -195,8 +195,8 @@ def convert(
     """
     base, options = parse_variant(variant)
     variant = canonical_form(variant)
-    if not 0.0 < gamma_init < 1.0:
-        raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
+    if get_mixer(base, warn=False).discount:  # a form without one (linear attention) never reads it
+        check_gamma_init(gamma_init)
     check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
     if options.get("linear_variant", linear_variant) != linear_variant and linear_variant != "release":
         raise UsageError(f"variant {variant!r} and linear_variant={linear_variant!r} disagree: give one")

@@ -57,6 +57,15 @@ def check_choice(name: str, value: object, choices) -> None:
         raise UsageError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
 
 
+def check_gamma_init(gamma_init: object) -> None:
+    """A one-line error unless the first discount is a number in (0, 1) (a string or bool would fail later, deep
+    inside a comparison or the sigmoid's inverse)."""
+    if isinstance(gamma_init, bool) or not isinstance(gamma_init, (int, float)):
+        raise UsageError(f"gamma_init must be a number in (0, 1), got {gamma_init!r}")
+    if not 0.0 < gamma_init < 1.0:
+        raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
+
+
 def check_feature_map(feature_map: FeatureMap, feature_dim: int | None) -> None:
     """One-line errors for a feature map and its size, before a layer changes anything."""
     check_choice("feature_map", feature_map, FeatureMap)
@@ -128,8 +137,7 @@ class _InfSABase(nn.Module):
         **kwargs,
     ) -> None:
         super().__init__()
-        if not 0.0 < gamma_init < 1.0:
-            raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
+        check_gamma_init(gamma_init)
         layout = (dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, proj_drop, norm_layer)
         dd = timm_attention_layout(self, *layout, kwargs)
         self.gamma_init = gamma_init
