@@ -462,7 +462,8 @@ ROWS_FORMS = ("katz_infsa:hedgehog", "katz_rows:hedgehog", "linear_attention:hed
 
 
 def rows_comparison(out: Path, published: Path) -> dict:
-    """Per vision task, the three forms' distill rows at 10% on the same teachers: OUT's runs (with the published
+    """Per vision task, the three forms' distill rows at 10% on the same teachers (and their `distill` rows at
+    another budget where all three have one): OUT's runs (with the published
     part's rows where its teachers are OUT's), else the published comparison's task. `retrained`: the teachers are
     not the ones the task's main table was measured on (retrained on another CPU kind: docs/reproduce.md)."""
     earlier = json.loads(published.read_text()) if published.is_file() else {}
@@ -473,9 +474,10 @@ def rows_comparison(out: Path, published: Path) -> dict:
                 found[task_name] = earlier[task_name]
             continue
         summary = vision_summary(out, [0, 1, 2], task_name, published.parent / f"{part}.json")
-        rows = [r for r in summary["rows"] if r["method"] in ROWS_METHODS and r["budget"] == 0.1]
-        rows = [r for r in rows if r["mixer"] in ROWS_FORMS]
-        if {r["mixer"] for r in rows if r["method"] == "distill"} != set(ROWS_FORMS):
+        rows = [r for r in summary["rows"] if r["method"] in ROWS_METHODS and r["mixer"] in ROWS_FORMS]
+        rows = [r for r in rows if r["budget"] == 0.1 or r["method"] == "distill"]  # other budgets: the recipe
+        rows = [r for r in rows if {q["mixer"] for q in rows if q["budget"] == r["budget"]} == set(ROWS_FORMS)]
+        if {r["mixer"] for r in rows if r["method"] == "distill" and r["budget"] == 0.1} != set(ROWS_FORMS):
             if task_name in earlier:
                 found[task_name] = earlier[task_name]
             continue

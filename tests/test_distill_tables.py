@@ -45,4 +45,5 @@ def test_every_row_of_the_katz_rows_comparison_covers_the_three_teachers_of_its_
         teachers = sorted(int(s) for s in task["teachers"])
         for row in task["rows"]:
             assert sorted(report.row_seeds(row)) == teachers == [0, 1, 2], (task["task"], row["mixer"], row["method"])
-            assert row["budget"] == 0.1
+            assert row["budget"] == 0.1 or row["method"] == "distill"  # other budgets: the recipe alone
+
