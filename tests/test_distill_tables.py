@@ -47,3 +47,33 @@ def test_every_row_of_the_katz_rows_comparison_covers_the_three_teachers_of_its_
             assert sorted(report.row_seeds(row)) == teachers == [0, 1, 2], (task["task"], row["mixer"], row["method"])
             assert row["budget"] == 0.1 or row["method"] == "distill"  # other budgets: the recipe alone
 
+
+@pytest.fixture
+def probe(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    for name in ("distill_experiment", "distill_report", "window_probe"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import window_probe
+
+    return window_probe
+
+
+def test_the_window_probe_section_is_the_table_of_its_committed_json(probe):
+    data = json.loads((ROOT / "docs/distill/window_probe.json").read_text())
+    block = f"{probe.BEGIN}\n{probe.table(data)}\n{probe.END}"
+    assert block in (ROOT / "docs/results.md").read_text()
+
+
+def test_the_window_probe_mixes_like_softmax_where_the_window_holds_every_key(probe):
+    """A window wider than the grid leaves nothing to the kernel: the probe's layer is then softmax attention
+    exactly; with the class token alone exact, a patch's weights on other patches follow phi(q) . phi(k)."""
+    import torch
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 2, 17, 8, dtype=torch.float64).unbind(0)
+    fq, fk = torch.rand(2, 2, 17, 4, dtype=torch.float64), torch.rand(2, 2, 17, 4, dtype=torch.float64)
+    softmax = (q @ k.transpose(-2, -1) * 8**-0.5).softmax(-1) @ v
+    torch.testing.assert_close(probe.hybrid(q, k, fq, fk, v, None, 9).double(), softmax, rtol=1e-6, atol=1e-6)
+    mask = probe.window_mask(17, 0, "cpu")  # 1 class token + a 4 x 4 grid
+    assert mask[0].all() and mask[:, 0].all() and mask[1:, 1:].equal(torch.eye(16, dtype=torch.bool))
+    assert probe.window_mask(17, 3, "cpu")[1, 1:].sum() == 4  # a corner patch: itself and 3 neighbours
