@@ -348,6 +348,35 @@ def test_cached_decoding_equals_the_full_forward_over_300_tokens(form, family):
     assert type(cache.layers[0].state).__name__ == "WindowState"
 
 
+@pytest.mark.parametrize("window", [None, 8])
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_an_unpadded_prompt_builds_no_quadratic_mask_and_gives_what_the_explicit_causal_mask_gives(
+    family, window, monkeypatch
+):
+    """The causal state forms take no mask where transformers' SDPA would skip one (causal, nothing padded): the
+    layers receive None instead of a q x q mask to read and check, and the output is the one an explicit 4D causal
+    mask gives; a padded batch still hands them its mask."""
+    from linvit.conversion import language_katz
+
+    seen = []
+    read_mask = language_katz.read_mask
+    monkeypatch.setattr(language_katz, "read_mask", lambda mask, *a, **k: seen.append(mask) or read_mask(mask, *a, **k))
+    model = _model(family, "katz_infsa:hedgehog", window)
+    ids = torch.randint(1, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        skipped = model(ids).logits
+        assert seen and all(m is None for m in seen)
+        seen.clear()
+        causal = torch.ones(40, 40, dtype=torch.bool).tril()[None, None].expand(2, 1, 40, 40)
+        explicit = model(ids, attention_mask=causal).logits
+        assert seen and all(m is not None for m in seen)
+        torch.testing.assert_close(skipped, explicit, rtol=1e-6, atol=1e-6)
+        seen.clear()
+        padded, mask = _left_padded([40, 25], 40)
+        model(padded, attention_mask=mask)
+        assert seen and all(m is not None and not m.all() for m in seen)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_a_window_longer_than_the_text_gives_the_softmax_teacher(family):
     teacher = _model(family, None, None)

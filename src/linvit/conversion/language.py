@@ -60,14 +60,17 @@ def is_causal_model(model: nn.Module, modules: list[tuple[str, nn.Module]]) -> b
     return bool(getattr(model.config, "is_decoder", False)) or any(m.is_causal for _, m in modules)
 
 
-def register_attention(name: str, attention) -> None:
-    """transformers' attention function `name`, with its boolean masks (True = keep) never skipped: InfSA has
-    no is_causal shortcut, and causal Katz reads the padded keys from the mask."""
+def register_attention(name: str, attention, causal_skip: bool = False) -> None:
+    """transformers' attention function `name`, with its boolean masks (True = keep). Pure InfSA's are never
+    skipped (it has no is_causal shortcut: the mask is its causality). The causal state forms (causal_skip) take
+    no mask where transformers' SDPA would skip one (causal, nothing padded, no packed documents): they are causal
+    by construction, and reading and checking a q x q mask made every prefill quadratic (at 8,192 tokens 86% of
+    the hybrid's prefill time). They read the padded keys and document starts from any mask they are given."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     def boolean_mask(*args, **kwargs):
-        kwargs["allow_is_causal_skip"] = False
+        kwargs["allow_is_causal_skip"] = causal_skip and kwargs.get("allow_is_causal_skip", True)
         kwargs["allow_is_bidirectional_skip"] = False
         return sdpa_mask(*args, **kwargs)
 
@@ -101,7 +104,7 @@ def convert_language_model(
         katz = variant == "katz_infsa"
         name = language_katz.ATTENTION_NAME if katz else language_katz.LINEAR_ATTENTION_NAME
         attention = language_katz.katz_causal_attention if katz else language_katz.linear_causal_attention
-        register_attention(name, attention)
+        register_attention(name, attention, causal_skip=True)
         language_katz.add_feature_maps(modules, feature_map, feature_dim)
         for _, module in modules:  # the sliding-window hybrid (ops.window_causal); a new window replaces the old
             module.infsa_window = window
