@@ -129,6 +129,19 @@ def canvases(budget: float) -> int:
     return round(budget * TEACHER_STEPS / 3) * 64
 
 
+def students_data(task, budget: float) -> str:
+    """The --data of a task's students at a budget: its canvases, the first `canvases(budget)` of an epoch."""
+    return f"digits:{task.name},canvas={task.canvas},clutter={task.clutter},length={canvases(budget)}"
+
+
+def finished_top1s(part: Path, folder: str, seeds) -> dict[int, float]:
+    """Final val top-1 of PART/FOLDER/s<seed> for every seed whose run finished."""
+    runs = {s: part / folder / f"s{s}" for s in seeds}
+    return {
+        s: last_metrics(r / "metrics.jsonl")["val_top1"] for s, r in runs.items() if (r / "model.safetensors").is_file()
+    }
+
+
 def vision_stages(out: str, seeds: list[int], task_name: str = "digit", budgets=(0.10, 0.05, 0.25)) -> list[Stage]:
     """The teachers, then every run at the goal's 10% budget, then at 5%, then 25% (distillation before the
     comparisons), so a sweep cut short has the goal's rows first. On `digit`, also the recipes kept as evidence
@@ -136,7 +149,7 @@ def vision_stages(out: str, seeds: list[int], task_name: str = "digit", budgets=
     task, part = VISION_TASKS[task_name], f"{out}/{PARTS[task_name]}"
     stages = [Planner(part, "cpu", RECIPE).train(task, "softmax", seed) for seed in seeds]
     for budget in budgets:
-        data = f"digits:{task.name},canvas={task.canvas},clutter={task.clutter},length={canvases(budget)}"
+        data = students_data(task, budget)
         teachers = {seed: f"{part}/runs/{task.name}/softmax/s{seed}" for seed in seeds}
         for seed, teacher_run in teachers.items():
             chosen = [_distill_transfer_heavy(part, teacher_run, data, m, seed, budget) for m in TRANSFER_MIXERS]

@@ -22,7 +22,16 @@ import json
 from pathlib import Path
 
 import torch
-from distill_experiment import PARTS, VARIANTS, VISION_TASKS, canvases, last_metrics, stage, transfer_heavy_argv
+from distill_experiment import (
+    PARTS,
+    VARIANTS,
+    VISION_TASKS,
+    finished_top1s,
+    last_metrics,
+    stage,
+    students_data,
+    transfer_heavy_argv,
+)
 from distill_report import rounded
 
 from linvit.reproduce.report import replace_between
@@ -60,7 +69,7 @@ SWEEP = {
 def stages(out: Path, seeds: list[int], forms: list[str], variants: list[str]) -> list:
     """The recipe's own runs (the 64-token table's folder), then every variant's, seed by seed."""
     task, part = VISION_TASKS[TASK], f"{out}/{PARTS[TASK]}"
-    data = f"digits:{task.name},canvas={task.canvas},clutter={task.clutter},length={canvases(BUDGET)}"
+    data = students_data(task, BUDGET)
     found = []
     for seed in seeds:
         teacher = f"{part}/runs/{task.name}/softmax/s{seed}"
@@ -84,9 +93,9 @@ def summary(out: Path) -> dict:
         if metrics.is_file():
             teachers[seed] = last_metrics(metrics)["val_top1"]
     for mixer in FORMS:
-        base = _top1s(part, f"{BASE}/{mixer}/b{BUDGET:g}", teachers)
+        base = finished_top1s(part, f"{BASE}/{mixer}/b{BUDGET:g}", teachers)
         for name in ["recipe", *SWEEP]:
-            val = base if name == "recipe" else _top1s(part, f"sweep/{name}/{mixer}", teachers)
+            val = base if name == "recipe" else finished_top1s(part, f"sweep/{name}/{mixer}", teachers)
             if not val:
                 continue
             retention = {s: 100 * v / teachers[s] for s, v in val.items()}
@@ -102,15 +111,6 @@ def summary(out: Path) -> dict:
                 }
             )
     return {"task": TASK, "budget": BUDGET, "teachers": teachers, "rows": rows}
-
-
-def _top1s(part: Path, folder: str, teachers: dict) -> dict[int, float]:
-    found = {}
-    for seed in teachers:
-        run = part / folder / f"s{seed}"
-        if (run / "model.safetensors").is_file():
-            found[seed] = last_metrics(run / "metrics.jsonl")["val_top1"]
-    return found
 
 
 def table(data: dict) -> str:

@@ -30,8 +30,8 @@ import json
 import math
 from pathlib import Path
 
+import distill_experiment as experiment  # scripts/: its task, budget and recipe
 import torch
-from distill_experiment import PARTS, TRANSFER_HEAVY, VISION_TASKS, canvases, last_metrics, stage, transfer_heavy_argv
 from distill_report import rounded
 
 from linvit.layers import KatzInfSAAttention
@@ -113,35 +113,42 @@ def probe_mixers(side: int, name: str):
 
 
 def stages(out: Path, seeds: list[int]) -> list:
-    task, part = VISION_TASKS[TASK], f"{out}/{PARTS[TASK]}"
-    data = f"digits:{task.name},canvas={task.canvas},clutter={task.clutter},length={canvases(BUDGET)}"
+    task, part = experiment.VISION_TASKS[TASK], f"{out}/{experiment.PARTS[TASK]}"
+    data = experiment.students_data(task, BUDGET)
     found = []
     for seed in seeds:
         teacher = f"{part}/runs/{task.name}/softmax/s{seed}"
         for name in WINDOWS:
             for base in WINDOWED:
                 mixer = f"{base}_{name}:hedgehog"
-                argv = transfer_heavy_argv(teacher, data, mixer, seed)
-                found.append(stage(f"window_probe/{base}_{name}/s{seed}", part, argv, {"mixer": mixer, "seed": seed}))
+                argv = experiment.transfer_heavy_argv(teacher, data, mixer, seed)
+                found.append(
+                    experiment.stage(f"window_probe/{base}_{name}/s{seed}", part, argv, {"mixer": mixer, "seed": seed})
+                )
     for seed in seeds:  # the same forms without a window: the 64-token table's `distill` runs, made if missing
         teacher = f"{part}/runs/{task.name}/softmax/s{seed}"
         for mixer, _ in BASES.values():
-            argv = transfer_heavy_argv(teacher, data, mixer, seed)
+            argv = experiment.transfer_heavy_argv(teacher, data, mixer, seed)
             found.append(
-                stage(f"{TRANSFER_HEAVY}/{mixer}/b{BUDGET:g}/s{seed}", part, argv, {"mixer": mixer, "seed": seed})
+                experiment.stage(
+                    f"{experiment.TRANSFER_HEAVY}/{mixer}/b{BUDGET:g}/s{seed}",
+                    part,
+                    argv,
+                    {"mixer": mixer, "seed": seed},
+                )
             )
     return found
 
 
 def summary(out: Path) -> dict:
-    part = out / PARTS[TASK]
-    runs = {s: part / f"runs/{VISION_TASKS[TASK].name}/softmax/s{s}/metrics.jsonl" for s in range(3)}
-    teachers = {s: last_metrics(path)["val_top1"] for s, path in runs.items() if path.is_file()}
+    part = out / experiment.PARTS[TASK]
+    runs = {s: part / f"runs/{experiment.VISION_TASKS[TASK].name}/softmax/s{s}/metrics.jsonl" for s in range(3)}
+    teachers = {s: experiment.last_metrics(path)["val_top1"] for s, path in runs.items() if path.is_file()}
     rows = []
     for base, (mixer, _) in BASES.items():
-        plain = _top1s(part, f"{TRANSFER_HEAVY}/{mixer}/b{BUDGET:g}", teachers)
+        plain = experiment.finished_top1s(part, f"{experiment.TRANSFER_HEAVY}/{mixer}/b{BUDGET:g}", teachers)
         for name in [None, *WINDOWS] if base in WINDOWED else [None]:
-            val = plain if name is None else _top1s(part, f"window_probe/{base}_{name}", teachers)
+            val = plain if name is None else experiment.finished_top1s(part, f"window_probe/{base}_{name}", teachers)
             if not val:
                 continue
             retention = [100 * v / teachers[s] for s, v in val.items()]
@@ -156,13 +163,6 @@ def summary(out: Path) -> dict:
                 }
             )
     return {"task": TASK, "budget": BUDGET, "teachers": teachers, "rows": rows}
-
-
-def _top1s(part: Path, folder: str, teachers: dict) -> dict[int, float]:
-    runs = {s: part / folder / f"s{s}" for s in teachers}
-    return {
-        s: last_metrics(r / "metrics.jsonl")["val_top1"] for s, r in runs.items() if (r / "model.safetensors").is_file()
-    }
 
 
 def _interval(stat: dict | None, signed: bool = False) -> str:
@@ -208,7 +208,7 @@ def main() -> None:
         probe_mixers(side, name)
     torch.set_num_threads(1)  # as distill_experiment runs its students
     out = Path(args.out)
-    run_stages(out / PARTS[TASK], stages(out, sorted(args.seeds)), run_command)
+    run_stages(out / experiment.PARTS[TASK], stages(out, sorted(args.seeds)), run_command)
     data = summary(out)
     FILE.write_text(json.dumps(data, indent=2) + "\n")
     replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(data)}\n{END}")
