@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -91,9 +92,13 @@ def test_errors_name_the_module_and_leave_the_model_unchanged():
         convert(nn.Linear(3, 3), "linear_infsa")
     with pytest.raises(ValueError, match="gamma_init"):
         convert(model, "linear_infsa", gamma_init=1.0)
-    for wrong in ("0.5", True, None):  # one line, not a TypeError deep in a comparison
+    for wrong in ("0.5", True, None, torch.tensor([0.5, 0.5])):  # one line, not a TypeError deep in a comparison
         with pytest.raises(ValueError, match=r"gamma_init must be a number in \(0, 1\), got"):
             convert(model, "katz_infsa", gamma_init=wrong)
+    for number in (np.float32(0.25), torch.tensor(0.25)):  # any real number is taken, and recorded as a float
+        converted = convert(nn.Sequential(Attention(16, 2)), "katz_infsa", gamma_init=number)
+        assert type(converted.linvit_conversion.gamma_init) is float
+        torch.testing.assert_close(converted[0].gamma, torch.full((2,), 0.25))
     with pytest.raises(ValueError, match="pattern"):
         convert(model, "linear_infsa", include="blocks[")
     gated = nn.Sequential(Attention(16, 2, gated=True))
@@ -298,5 +303,15 @@ def test_a_form_without_a_discount_ignores_gamma_init():
     torch.manual_seed(0)
     model = nn.Sequential(Attention(16, 2))
     x = torch.randn(2, 5, 16)
-    outputs = [convert(copy.deepcopy(model), "linear_attention", gamma_init=g)(x) for g in (0.0, 0.5)]
-    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
+    with pytest.warns(UserWarning, match="gamma_init=0.0 is ignored: linear_attention has no discount"):
+        ignored = convert(copy.deepcopy(model), "linear_attention", gamma_init=0.0)
+    default = convert(copy.deepcopy(model), "linear_attention")
+    torch.testing.assert_close(ignored(x), default(x), rtol=0, atol=0)
+    assert ignored.linvit_conversion.gamma_init == 0.9  # recorded as the default it runs with
+
+
+def test_a_first_discount_that_is_one_in_float32_is_refused():
+    """1 - 1e-9 lies in (0, 1) but its discount sigmoid(logit) rounds to 1 in float32: the series diverges (NaN)."""
+    with pytest.raises(ValueError, match="is 1 in float32"):
+        convert(nn.Sequential(Attention(16, 2)), "katz_infsa", gamma_init=1 - 1e-9)
+    assert (convert(nn.Sequential(Attention(16, 2)), "katz_infsa", gamma_init=0.9999999)[0].gamma < 1).all()

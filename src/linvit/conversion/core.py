@@ -8,7 +8,9 @@ skipped (and why) is returned by ``convert_report(model)``.
 from __future__ import annotations
 
 import copy
+import numbers
 import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -195,8 +197,11 @@ def convert(
     """
     base, options = parse_variant(variant)
     variant = canonical_form(variant)
-    if get_mixer(base, warn=False).discount:  # a form without one (linear attention) never reads it
-        check_gamma_init(gamma_init)
+    if get_mixer(base, warn=False).discount:
+        gamma_init = check_gamma_init(gamma_init)
+    elif not (isinstance(gamma_init, numbers.Real) and gamma_init == 0.9):  # never read: said, not range-checked
+        warnings.warn(f"gamma_init={gamma_init!r} is ignored: {base} has no discount", stacklevel=2)
+        gamma_init = 0.9  # what the report and a reloaded model's config then record
     check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
     if options.get("linear_variant", linear_variant) != linear_variant and linear_variant != "release":
         raise UsageError(f"variant {variant!r} and linear_variant={linear_variant!r} disagree: give one")

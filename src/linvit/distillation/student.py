@@ -14,6 +14,7 @@ import torch.nn as nn
 from ..conversion import convert_if_asked
 from ..errors import UsageError
 from ..layers.feature_maps import HedgehogFeatureMap
+from ..mixers import get_mixer
 from .transfer import layer_pairs
 
 
@@ -23,6 +24,8 @@ def make_student(
     """A deep copy of the teacher with every attention layer converted to mixer (linvit.convert's variants, its
     feature_dim and, for causal language models, its sliding window)."""
     student = copy.deepcopy(teacher).requires_grad_(True)
+    if not get_mixer(mixer.partition(":")[0], warn=False).discount:
+        gamma_init = 0.9  # never read; distill's own warning (task.unused_discount_warning) says it is ignored
     convert_if_asked(student, mixer, gamma_init, feature_dim, window or None)  # a stored 0: no window
     return student
 

@@ -9,6 +9,7 @@ through them with ``residual_streamed`` (models/_chunking.py).
 
 # no `from __future__ import annotations`: TorchScript reads FoldedWeights' field types only when they are real types
 import math
+import numbers
 from typing import Literal, NamedTuple, get_args, get_origin
 
 import torch
@@ -57,13 +58,19 @@ def check_choice(name: str, value: object, choices) -> None:
         raise UsageError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
 
 
-def check_gamma_init(gamma_init: object) -> None:
-    """A one-line error unless the first discount is a number in (0, 1) (a string or bool would fail later, deep
-    inside a comparison or the sigmoid's inverse)."""
-    if isinstance(gamma_init, bool) or not isinstance(gamma_init, (int, float)):
+def check_gamma_init(gamma_init: object) -> float:
+    """The first discount as a float, or a one-line error unless it is a real number (NumPy's and one-element
+    tensors included) in (0, 1): a string or bool would fail later, deep inside a comparison."""
+    one_number = isinstance(gamma_init, torch.Tensor) and gamma_init.numel() == 1 and not gamma_init.is_complex()
+    if isinstance(gamma_init, bool) or not (isinstance(gamma_init, numbers.Real) or one_number):
         raise UsageError(f"gamma_init must be a number in (0, 1), got {gamma_init!r}")
-    if not 0.0 < gamma_init < 1.0:
-        raise UsageError(f"gamma_init must lie in (0, 1), got {gamma_init}")
+    value = float(gamma_init)
+    if not 0.0 < value < 1.0:
+        raise UsageError(f"gamma_init must lie in (0, 1), got {value}")
+    theta = torch.tensor(math.log(value / (1.0 - value)), dtype=torch.float32)  # as the layers store it
+    if torch.sigmoid(theta) >= 1.0:  # the discount would be exactly 1 in float32: the series diverges (NaN)
+        raise UsageError(f"gamma_init {value} is 1 in float32 (the Katz series diverges): give at most 0.9999999")
+    return value
 
 
 def check_feature_map(feature_map: FeatureMap, feature_dim: int | None) -> None:
@@ -137,7 +144,7 @@ class _InfSABase(nn.Module):
         **kwargs,
     ) -> None:
         super().__init__()
-        check_gamma_init(gamma_init)
+        gamma_init = check_gamma_init(gamma_init)
         layout = (dim, num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, proj_drop, norm_layer)
         dd = timm_attention_layout(self, *layout, kwargs)
         self.gamma_init = gamma_init
