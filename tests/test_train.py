@@ -620,3 +620,22 @@ def test_changed_flags_are_named_in_the_configs_order():
     saved = {"mixer": "katz_infsa", "gamma_init": "0.5"}
     now = DistillConfig(teacher="t", mixer="linear_attention:hedgehog", gamma_init=0.9).to_dict()
     assert list(plan_changes(saved, now)) == ["mixer", "gamma_init"]
+
+
+def test_numpy_numbers_in_a_config_are_stored_as_plain_numbers():
+    """linvit.distill(..., lr=np.float64(1e-4)) trained its first stage, then failed writing args.yaml (YAML has
+    no NumPy scalars): configs store them as Python numbers; a gamma_init that is no number is refused at once."""
+    import numpy as np
+    import yaml
+
+    from linvit.distillation import DistillConfig
+    from linvit.errors import UsageError
+
+    options = dict(lr=np.float64(1e-4), epochs=np.int64(2), gamma_init=np.float32(0.5), transfer_lr=torch.tensor(2e-3))
+    config = DistillConfig(teacher="t", mixer="katz_rows:hedgehog", **options)
+    stored = yaml.safe_load(config.to_yaml())
+    assert (stored["lr"], stored["epochs"], stored["gamma_init"]) == (1e-4, 2, 0.5)
+    assert stored["transfer_lr"] == pytest.approx(2e-3) and type(stored["transfer_lr"]) is float
+    assert type(stored["epochs"]) is int
+    with pytest.raises(UsageError, match="gamma_init must be a number"):
+        DistillConfig(teacher="t", mixer="linear_attention:hedgehog", gamma_init="abc")

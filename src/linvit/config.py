@@ -54,6 +54,8 @@ class Config:
 
 
 def _plain(value: Any) -> Any:
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0 and hasattr(value, "dtype"):  # NumPy or 0-d torch
+        return value.item()  # np.float64(1e-4) -> 1e-4: YAML cannot represent the scalar types
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     if isinstance(value, list):

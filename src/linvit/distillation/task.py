@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 import re
 import sys
@@ -116,6 +117,8 @@ class DistillConfig(TrainConfig):
     def _check_mixer(self) -> None:
         if self.gamma_init is None:
             self.gamma_init = default_gamma(self.mixer)
+        elif isinstance(self.gamma_init, bool) or not isinstance(self.gamma_init, numbers.Real):
+            raise UsageError(f"gamma_init must be a number in (0, 1), got {self.gamma_init!r}")
         try:
             self.mixer = canonical_form(self.mixer)  # one spelling per form ("katz_infsa:relu" -> "katz_infsa")
         except UsageError:
