@@ -490,6 +490,10 @@ def test_a_window_on_a_vision_model_or_a_form_without_state_is_refused_in_one_li
     pytest.importorskip("transformers")
     with pytest.raises(ValueError, match="under pure_infsa has no causal state"):
         _model("gpt2", "pure_infsa", window=8)
+    # the ring holds W slots from the first token on: a window past the model's positions is refused, not allocated
+    with pytest.raises(ValueError, match="window=10000 is longer than the model's 512 positions"):
+        _model("llama", "katz_infsa:hedgehog", window=10_000)
+    assert _model("gpt2", "katz_infsa:hedgehog", window=512) is not None  # as long as the context: allowed
 
 
 def test_distill_keeps_the_window_and_feature_dim_and_load_run_rebuilds_them(tmp_path):

@@ -98,6 +98,13 @@ def convert_language_model(
     if window is not None and not (causal and variant in ("katz_infsa", "linear_attention")):
         what = "is not a causal language model" if not causal else f"under {variant} has no causal state to window"
         raise UsageError(f"window= is for causal Katz-InfSA and linear attention: {type(model).__name__} {what}")
+    positions = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    if window is not None and isinstance(positions, int) and window > positions:
+        # the ring holds W slots from the first token on (its memory grows with W, not with the text)
+        raise UsageError(
+            f"window={window} is longer than the model's {positions} positions: a window as long as the context is "
+            f"already exact softmax; give at most {positions}"
+        )
     if variant in ("katz_infsa", "linear_attention") and causal:
         from . import language_katz
 
