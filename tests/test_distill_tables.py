@@ -77,3 +77,28 @@ def test_the_window_probe_mixes_like_softmax_where_the_window_holds_every_key(pr
     mask = probe.window_mask(17, 0, "cpu")  # 1 class token + a 4 x 4 grid
     assert mask[0].all() and mask[:, 0].all() and mask[1:, 1:].equal(torch.eye(16, dtype=torch.bool))
     assert probe.window_mask(17, 3, "cpu")[1, 1:].sum() == 4  # a corner patch: itself and 3 neighbours
+
+
+def test_the_katz_rows_table_pairs_each_row_with_the_anchor_at_its_own_budget(scripts):
+    """A row at 5% is paired with the anchor's 5% run, not its 10% one (they differ here by 10 points)."""
+    _, report = scripts
+
+    def row(mixer, budget, retention):
+        stat = {"n": 3, "values": retention, "mean": sum(retention) / 3, "low": 0.0, "high": 200.0}
+        return {"method": "distill", "mixer": mixer, "budget": budget, "seeds": [0, 1, 2], "retention": stat,
+                "val_top1": stat}  # fmt: skip
+
+    rows = [
+        row("katz_rows:hedgehog", 0.1, [95.0, 96.0, 97.0]),
+        row("linear_attention:hedgehog", 0.1, [96.0, 97.0, 98.0]),
+        row("katz_rows:hedgehog", 0.05, [90.0, 91.0, 92.0]),
+        row("linear_attention:hedgehog", 0.05, [86.0, 87.0, 88.0]),
+    ]
+    teacher = {"n": 1, "mean": 40.0, "low": None, "high": None}
+    part = {"task": "max", "tokens": 16, "teacher_val_top1": teacher, "retrained": False}
+    lines = report.rows_table({"max": {**part, "rows": rows}}).splitlines()
+    ten = next(line for line in lines if "rows normalised" in line and "| distill |" in line)
+    five = next(line for line in lines if "rows normalised" in line and "distill at 5%" in line)
+    assert "| -1.0 [-1.0, -1.0] |" in ten  # 95 - 96 on every seed
+    assert "| 4.0 [4.0, 4.0] |" in five  # 90 - 86, not 90 - 96
+    assert lines.index(ten) < lines.index(five)  # the goal's 10% rows first
