@@ -6,15 +6,16 @@ have no "last W tokens"; their analogue is a spatial window. This probe asks whe
 vision students to the 99% goal before the form is built in linear time: each student layer here weighs
 
     key j of query i by exp(q_i . k_j / sqrt(d))   where j is in i's window,
-                    by phi(q_i) . phi(k_j)          elsewhere, carrying v_j (+ O_j, the Katz output, under Katz),
+                    by phi(q_i) . phi(k_j)          elsewhere, carrying v_j (+ O_j under Katz),
 
-with one normaliser over both (docs/spec/infsa.md 4.2's hybrid, bidirectional). A patch's window is its w x w
-neighbourhood on the token grid plus the class token; the class token's row is exact over all tokens (it is one
-row: O(N), so a linear-time form can afford it). The layers compute this densely (N x N, quadratic): the probe
-measures what the form would keep, not its speed, and its mixers live only in this script.
+with one normaliser over both: docs/spec/infsa.md 4.2's hybrid made bidirectional, O the bidirectional form of
+4.1's Katz output, sum_{t>=1} (gamma A^)^t v with A^ = phi(Q) phi(K)^T normalised per query (row sums 1). A
+patch's window is its w x w neighbourhood on the token grid plus the class token; the class token's row is exact
+over all tokens (it is one row: O(N), so a linear-time form can afford it). The layers compute this densely
+(N x N, quadratic): the probe measures what the form would keep, not its speed, and its mixers live only here.
 
-Students: `katz_infsa:hedgehog` and the anchor `linear_attention:hedgehog` with a 3 x 3 window (`+w3`), and
-with the class token's row and column exact but no patch window (`+cls`), on the 64-token teachers
+Students: `katz_infsa:hedgehog` and the anchor `linear_attention:hedgehog` with a 3 x 3 window (`+w3`) and a
+1 x 1 one (`+w1`: each patch's own key and the class token exact), on the 64-token teachers
 (scripts/distill_experiment.py --part vision --task digit64) with the tables' `distill` recipe (Katz's: 2 epochs
 of attention transfer at lr 2e-3 on the output MSE, 1 end to end) at 10% of the teachers' steps, 3 seeds.
 Paired seed by seed with the same form's run without a window (the 64-token table's `distill` rows).
@@ -38,7 +39,7 @@ from linvit.layers import KatzInfSAAttention
 from linvit.layers.infsa_attention import FEATURE_MAPS
 from linvit.layers.linear_attention import LinearAttention
 from linvit.mixers import Option, register_mixer
-from linvit.ops.katz import katz_infsa
+from linvit.ops.common import gamma_as_tensor
 from linvit.reproduce.report import replace_between
 from linvit.reproduce.stages import run_stages
 from linvit.reproduce.stats import mean_interval, paired_difference
@@ -49,7 +50,7 @@ FILE = ROOT / "docs" / "distill" / "window_probe.json"
 DOC = ROOT / "docs" / "results.md"
 BEGIN, END = "<!-- window-probe:begin -->", "<!-- window-probe:end -->"
 TASK, BUDGET = "digit64", 0.10
-WINDOWS = {"w3": 3, "cls": 0}  # probe -> patch window side (0: the class token's row and column only)
+WINDOWS = {"w3": 3, "w1": 1}  # probe -> the side of a patch's window (the class token is exact in every one)
 # probe form -> (the mixer it extends, its name in the table); `katz_rows` (no window: its rows are normalised, as the
 # hybrid's shared normaliser normalises Katz's) is shown beside them for reference
 BASES = {
@@ -58,7 +59,7 @@ BASES = {
     "linear": ("linear_attention:hedgehog", "`adala` (linear attention, `hedgehog` maps)"),
 }
 WINDOWED = ("katz", "linear")
-WHAT = {"w3": "3 x 3 window + class token exact", "cls": "class token's row and column exact"}
+WHAT = {"w3": "3 x 3 window + class token", "w1": "1 x 1 window (a patch's own key) + class token"}
 
 
 def window_mask(n: int, side: int, device) -> torch.Tensor:
@@ -70,7 +71,7 @@ def window_mask(n: int, side: int, device) -> torch.Tensor:
     cols = torch.arange(g * g, device=device) % g
     mask = torch.ones(n, n, dtype=torch.bool, device=device)
     near = ((rows[:, None] - rows[None]).abs() <= side // 2) & ((cols[:, None] - cols[None]).abs() <= side // 2)
-    mask[prefix:, prefix:] = near if side > 0 else torch.eye(g * g, dtype=torch.bool, device=device)
+    mask[prefix:, prefix:] = near
     return mask
 
 
@@ -88,6 +89,16 @@ def hybrid(q, k, fq, fk, v, older, side: int) -> torch.Tensor:
     return out
 
 
+def row_katz(fq, fk, v, gamma, eps: float) -> torch.Tensor:
+    """sum_{t>=1} (gamma A^)^t v with A^ = phi(Q) phi(K)^T divided by its row sums (float32, dense): the Katz output
+    the hybrid carries, the bidirectional form of docs/spec/infsa.md 4.1's per-query normalised causal series."""
+    fq, fk, v = fq.float(), fk.float(), v.float()
+    a = fq @ fk.transpose(-2, -1)
+    a = a / (a.sum(-1, keepdim=True) + eps)
+    ga = gamma_as_tensor(gamma, a.shape[1], a) * a
+    return torch.linalg.solve(torch.eye(a.shape[-1], dtype=a.dtype, device=a.device) - ga, ga @ v)
+
+
 def probe_mixers(side: int, name: str):
     """The two probe layers for one window side, registered as katz_<name> and linear_<name>."""
 
@@ -95,7 +106,7 @@ def probe_mixers(side: int, name: str):
         def mix(self, x, attn_mask=None, is_causal=False):
             q, k, v = self.project_qkv(x)
             fq, fk = self.feature_q(q), self.feature_k(k)
-            older = katz_infsa(fq, fk, v, self.gamma, self.eps, feature_map=self.kernel)
+            older = row_katz(fq, fk, v, self.gamma, self.eps)
             return self.merge_heads(hybrid(q, k, fq, fk, v, older, side).to(v.dtype))
 
     class LinearWindow(LinearAttention):
@@ -152,7 +163,8 @@ def summary(out: Path) -> dict:
             if not val:
                 continue
             retention = [100 * v / teachers[s] for s, v in val.items()]
-            paired = None if name is None else paired_difference(val, {s: plain[s] for s in val if s in plain})
+            shared = {s: plain[s] for s in val if s in plain}
+            paired = paired_difference({s: val[s] for s in shared}, shared) if name and shared else None
             rows.append(
                 {
                     "form": base,
@@ -196,13 +208,16 @@ def table(data: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--out", default="runs/distill")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="teacher seeds (default 0 1 2)")
+    p.add_argument(
+        "--out", default="runs/distill", help="where the teachers and students' runs are (default %(default)s)"
+    )
     p.add_argument("--report-only", action="store_true", help="the table from the committed JSON")
     args = p.parse_args()
     if args.report_only:
         replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(json.loads(FILE.read_text()))}\n{END}")
+        print(f"{DOC}: the table from {FILE}")
         return
     for name, side in WINDOWS.items():
         probe_mixers(side, name)
@@ -212,6 +227,7 @@ def main() -> None:
     data = summary(out)
     FILE.write_text(json.dumps(data, indent=2) + "\n")
     replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(data)}\n{END}")
+    print(f"wrote {FILE} and its table in {DOC}")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def test_the_window_probe_mixes_like_softmax_where_the_window_holds_every_key(pr
     fq, fk = torch.rand(2, 2, 17, 4, dtype=torch.float64), torch.rand(2, 2, 17, 4, dtype=torch.float64)
     softmax = (q @ k.transpose(-2, -1) * 8**-0.5).softmax(-1) @ v
     torch.testing.assert_close(probe.hybrid(q, k, fq, fk, v, None, 9).double(), softmax, rtol=1e-6, atol=1e-6)
-    mask = probe.window_mask(17, 0, "cpu")  # 1 class token + a 4 x 4 grid
+    mask = probe.window_mask(17, 1, "cpu")  # 1 class token + a 4 x 4 grid; 1 x 1: a patch's own key
     assert mask[0].all() and mask[:, 0].all() and mask[1:, 1:].equal(torch.eye(16, dtype=torch.bool))
     assert probe.window_mask(17, 3, "cpu")[1, 1:].sum() == 4  # a corner patch: itself and 3 neighbours
 
@@ -102,3 +102,19 @@ def test_the_katz_rows_table_pairs_each_row_with_the_anchor_at_its_own_budget(sc
     assert "| -1.0 [-1.0, -1.0] |" in ten  # 95 - 96 on every seed
     assert "| 4.0 [4.0, 4.0] |" in five  # 90 - 86, not 90 - 96
     assert lines.index(ten) < lines.index(five)  # the goal's 10% rows first
+
+
+def test_the_window_probe_carries_the_katz_series_of_the_per_query_normalised_operator(probe):
+    """O = sum_{t>=1} (gamma A^)^t v with A^'s rows summing to 1 (docs/spec/infsa.md 4.1's normalisation), against
+    the dense float64 kernel (I - gamma A^)^-1 - I; a per-head discount."""
+    import torch
+
+    from linvit.ops.katz import katz_kernel
+
+    torch.manual_seed(0)
+    fq, fk, v = torch.rand(2, 3, 17, 4), torch.rand(2, 3, 17, 4), torch.randn(2, 3, 17, 5)
+    gamma = torch.tensor([0.3, 0.5, 0.9])
+    a = fq.double() @ fk.double().transpose(-2, -1)
+    a = a / (a.sum(-1, keepdim=True) + 1e-6)
+    expected = katz_kernel(a, gamma.double()) @ v.double()
+    torch.testing.assert_close(probe.row_katz(fq, fk, v, gamma, 1e-6).double(), expected, rtol=1e-5, atol=1e-5)
