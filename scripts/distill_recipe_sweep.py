@@ -150,18 +150,22 @@ def _interval(stat: dict | None, signed: bool = False) -> str:
 def publish(data: dict) -> None:
     FILE.write_text(json.dumps(data, indent=2) + "\n")
     replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(data)}\n{END}")
+    print(f"wrote {FILE} and its table in {DOC}")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="teacher seeds (default 0)")
     p.add_argument("--forms", nargs="+", choices=list(FORMS), default=["katz_rows:hedgehog"])
     p.add_argument("--variants", nargs="+", choices=list(SWEEP), default=list(SWEEP))
-    p.add_argument("--out", default="runs/distill")
+    p.add_argument(
+        "--out", default="runs/distill", help="where the teachers and students' runs are (default %(default)s)"
+    )
     p.add_argument("--report-only", action="store_true", help="the table from the committed JSON")
     args = p.parse_args()
     if args.report_only:
         replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(json.loads(FILE.read_text()))}\n{END}")
+        print(f"{DOC}: the table from {FILE}")
         return
     torch.set_num_threads(1)  # as distill_experiment runs its students
     out = Path(args.out)
