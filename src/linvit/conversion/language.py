@@ -64,8 +64,9 @@ def register_attention(name: str, attention, causal_skip: bool = False) -> None:
     """transformers' attention function `name`, with its boolean masks (True = keep). Pure InfSA's are never
     skipped (it has no is_causal shortcut: the mask is its causality). The causal state forms (causal_skip) take
     no mask where transformers' SDPA would skip one (causal, nothing padded, no packed documents): they are causal
-    by construction, and reading and checking a q x q mask made every prefill quadratic (at 8,192 tokens 86% of
-    the hybrid's prefill time). They read the padded keys and document starts from any mask they are given."""
+    by construction, and reading and checking a q x q mask made every prefill quadratic (at 8,192 tokens about
+    70% of the hybrid's prefill time: scripts/mask_skip_ab.py). They read the padded keys and document starts
+    from any mask they are given."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
