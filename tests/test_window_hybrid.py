@@ -356,6 +356,7 @@ def test_an_unpadded_prompt_builds_no_quadratic_mask_and_gives_what_the_explicit
     """The causal state forms take no mask where transformers' SDPA would skip one (causal, nothing padded): the
     layers receive None instead of a q x q mask to read and check, and the output is the one an explicit 4D causal
     mask gives; a padded batch still hands them its mask."""
+    pytest.importorskip("transformers")
     from linvit.conversion import language_katz
 
     seen = []
