@@ -32,9 +32,8 @@ from distill_experiment import (
     students_data,
     transfer_heavy_argv,
 )
-from distill_report import rounded
+from distill_report import distill_runs_arguments, rounded, write_section
 
-from linvit.reproduce.report import replace_between
 from linvit.reproduce.stages import run_stages
 from linvit.reproduce.stats import mean_interval, paired_difference
 from linvit_cli import run_command
@@ -149,23 +148,17 @@ def _interval(stat: dict | None, signed: bool = False) -> str:
 
 def publish(data: dict) -> None:
     FILE.write_text(json.dumps(data, indent=2) + "\n")
-    replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(data)}\n{END}")
-    print(f"wrote {FILE} and its table in {DOC}")
+    write_section(DOC, BEGIN, END, table(data), FILE)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="teacher seeds (default 0)")
+    distill_runs_arguments(p, [0])
     p.add_argument("--forms", nargs="+", choices=list(FORMS), default=["katz_rows:hedgehog"])
     p.add_argument("--variants", nargs="+", choices=list(SWEEP), default=list(SWEEP))
-    p.add_argument(
-        "--out", default="runs/distill", help="where the teachers and students' runs are (default %(default)s)"
-    )
-    p.add_argument("--report-only", action="store_true", help="the table from the committed JSON")
     args = p.parse_args()
     if args.report_only:
-        replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(json.loads(FILE.read_text()))}\n{END}")
-        print(f"{DOC}: the table from {FILE}")
+        write_section(DOC, BEGIN, END, table(json.loads(FILE.read_text())), FILE)
         return
     torch.set_num_threads(1)  # as distill_experiment runs its students
     out = Path(args.out)

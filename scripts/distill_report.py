@@ -150,6 +150,21 @@ def _paired(row: dict, other: dict, field: str) -> dict:
     return paired_difference(by_seed(row), by_seed(other))
 
 
+def write_section(doc, begin: str, end: str, text: str, source) -> None:
+    """docs' generated section between the markers, from the JSON at source; says what it wrote."""
+    from linvit.reproduce.report import replace_between
+
+    replace_between(doc, begin, end, f"{begin}\n{text}\n{end}")
+    print(f"{doc}: the table from {source}")
+
+
+def distill_runs_arguments(parser, seeds: list[int]) -> None:
+    """The experiment scripts' shared flags: the teacher seeds, where the runs are, --report-only."""
+    parser.add_argument("--seeds", type=int, nargs="+", default=seeds, help=f"teacher seeds (default {seeds})")
+    parser.add_argument("--out", default="runs/distill", help="where the teachers' and students' runs are")
+    parser.add_argument("--report-only", action="store_true", help="the table from the committed JSON")
+
+
 ROWS_BEGIN, ROWS_END = "<!-- katz-rows:begin -->", "<!-- katz-rows:end -->"
 # the katz_rows comparison's methods, in its table's order: Katz's recipe, with the weight loss beside, with a
 # learned map twice the head dim, and started at a tenth of a discount

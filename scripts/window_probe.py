@@ -33,14 +33,13 @@ from pathlib import Path
 
 import distill_experiment as experiment  # scripts/: its task, budget and recipe
 import torch
-from distill_report import rounded
+from distill_report import distill_runs_arguments, rounded, write_section
 
 from linvit.layers import KatzInfSAAttention
 from linvit.layers.infsa_attention import FEATURE_MAPS
 from linvit.layers.linear_attention import LinearAttention
 from linvit.mixers import Option, register_mixer
 from linvit.ops.common import gamma_as_tensor
-from linvit.reproduce.report import replace_between
 from linvit.reproduce.stages import run_stages
 from linvit.reproduce.stats import mean_interval, paired_difference
 from linvit_cli import run_command
@@ -209,15 +208,10 @@ def table(data: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="teacher seeds (default 0 1 2)")
-    p.add_argument(
-        "--out", default="runs/distill", help="where the teachers and students' runs are (default %(default)s)"
-    )
-    p.add_argument("--report-only", action="store_true", help="the table from the committed JSON")
+    distill_runs_arguments(p, [0, 1, 2])
     args = p.parse_args()
     if args.report_only:
-        replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(json.loads(FILE.read_text()))}\n{END}")
-        print(f"{DOC}: the table from {FILE}")
+        write_section(DOC, BEGIN, END, table(json.loads(FILE.read_text())), FILE)
         return
     for name, side in WINDOWS.items():
         probe_mixers(side, name)
@@ -226,8 +220,7 @@ def main() -> None:
     run_stages(out / experiment.PARTS[TASK], stages(out, sorted(args.seeds)), run_command)
     data = summary(out)
     FILE.write_text(json.dumps(data, indent=2) + "\n")
-    replace_between(DOC, BEGIN, END, f"{BEGIN}\n{table(data)}\n{END}")
-    print(f"wrote {FILE} and its table in {DOC}")
+    write_section(DOC, BEGIN, END, table(data), FILE)
 
 
 if __name__ == "__main__":
