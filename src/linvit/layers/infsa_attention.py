@@ -67,8 +67,7 @@ def check_gamma_init(gamma_init: object) -> float:
     value = float(gamma_init)
     if not 0.0 < value < 1.0:
         raise UsageError(f"gamma_init must lie in (0, 1), got {value}")
-    theta = torch.tensor(math.log(value / (1.0 - value)), dtype=torch.float32)  # as the layers store it
-    if torch.sigmoid(theta) >= 1.0:  # the discount would be exactly 1 in float32: the series diverges (NaN)
+    if 1.0 - value < 8e-8:  # sigmoid(logit) rounds to 1 in float32 (no tensor here: layers are also built on meta)
         raise UsageError(f"gamma_init {value} is 1 in float32 (the Katz series diverges): give at most 0.9999999")
     return value
 
