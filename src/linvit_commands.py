@@ -268,14 +268,14 @@ def checkpoint(help: str, required: bool = False) -> Flag:
     return flag("--checkpoint", required=required, help=help)
 
 
-def fit(lr_help: str = "learning rate") -> Group:
+def fit(lr_help: str = "learning rate", epochs_help: str | None = None) -> Group:
     """The flags of the one trainer (linvit.config.TrainConfig), the same in every training command."""
     fsdp = "with torchrun: ddp (whole model per rank) or fsdp (parameters, gradients, optimizer sharded)"
     shard = "fsdp: shard within groups of this many ranks (say, one node), replicate across them (default: all)"
     log = "also write the per-epoch numbers to OUT/tensorboard (metrics.jsonl is always written)"
     flags = (
         flag("--output", required=True, help="run folder: metrics.jsonl, last.pth, model.safetensors"),
-        flag("--epochs", type=POSITIVE),
+        flag("--epochs", type=POSITIVE, help=epochs_help),
         flag("--lr", type=RATE, help=lr_help),
         flag("--opt", help="timm optimizer name"),
         flag("--weight-decay", type=float),
@@ -559,23 +559,29 @@ COMMANDS = (
             help="attention transfer (OUT/attention), then end to end (OUT); auto: attention transfer only for a "
             "windowed language student (as measured), both otherwise",
         ),
-        flag("--transfer-epochs", type=POSITIVE, help="epochs of attention transfer"),
-        flag("--transfer-lr", type=RATE, help="learning rate of attention transfer"),
+        flag("--transfer-epochs", type=POSITIVE, help="epochs of attention transfer (default: 1)"),
+        flag("--transfer-lr", type=RATE, help="learning rate of attention transfer (default: 1e-3)"),
         flag(
             "--transfer-loss",
             choices=("mse", "xent", "mse+xent"),
             help="attention transfer's loss: each layer's relative output MSE, Hedgehog's attention-weight "
-            "cross-entropy (the learned :hedgehog maps alone) or both (docs/distill.md)",
+            "cross-entropy (the learned :hedgehog maps alone) or both (docs/distill.md; default: mse)",
         ),
-        flag("--lora-rank", type=NON_NEGATIVE, help="end to end: LoRA of this rank (0: every weight)"),
-        flag("--temperature", type=float, help="softening of both models' logits"),
-        flag("--hard-weight", type=float, help="share of the label loss (0: the teacher only)"),
-        flag("--feature-weight", type=float, help="weight of each layer's output MSE"),
+        flag(
+            "--map-lr",
+            type=RATE,
+            help="attention transfer: the learned feature maps' (:hedgehog) learning rate, the rest of each "
+            "converted layer at --transfer-lr (default: --transfer-lr's)",
+        ),
+        flag("--lora-rank", type=NON_NEGATIVE, help="end to end: LoRA of this rank (0, the default: every weight)"),
+        flag("--temperature", type=float, help="softening of both models' logits (default: 1)"),
+        flag("--hard-weight", type=float, help="share of the label loss (0, the default: the teacher only)"),
+        flag("--feature-weight", type=float, help="end to end: weight of each layer's output MSE (default: 0)"),
         IMG_SIZE_HW.but(help="input side (teacher's)"),
         SPLITS,
-        flag("--context", type=POSITIVE, help="language models: tokens per training window"),
+        flag("--context", type=POSITIVE, help="language models: tokens per training window (default: 128)"),
         flag("--train-windows", type=POSITIVE, help="language models: random windows an epoch (default: all)"),
-        fit("learning rate of the end-to-end stage"),
+        fit("learning rate of the end-to-end stage (default: 1e-4)", "epochs of the end-to-end stage (default: 10)"),
         runtime(),
     ),
     command(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 import pytest
 
@@ -68,6 +69,42 @@ def test_every_command_builds_a_config_that_takes_all_its_flags(command):
         assert action.default is argparse.SUPPRESS, action.dest
         if not _required(leaf, action):
             assert defaults[action.dest] == _field_default(fields[action.dest]), action.dest
+
+
+DEFAULT_IN_HELP = re.compile(r"\bdefault: ([^;)]+)[;)]|\((\S+), the default\b")
+
+
+@pytest.mark.parametrize("command", LEAVES, ids=" ".join)
+def test_a_default_written_in_help_is_the_configs(command):
+    """--help shows some defaults as text (it imports no config, below): a number or word written there must
+    be the config field's default, so changing a default without its help fails here."""
+    leaf, row = PARSER.commands[command], _row(command)
+    config_class, _ = linvit_cli.load_command(row)
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    for action in _visible(leaf):
+        for match in DEFAULT_IN_HELP.finditer(action.help or ""):
+            written, default = match.group(1) or match.group(2), _field_default(fields[action.dest])
+            where = f"{' '.join(command)} {action.option_strings[0]}: help says {written!r}, the config {default!r}"
+            if isinstance(default, str) and re.fullmatch(r"[\w.+-]+", written):  # one word: the value itself
+                assert written == default, where
+            elif isinstance(default, (int, float)) and not isinstance(default, bool) and _is_number(written):
+                assert float(written) == default, where
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False  # prose: "lr / 100", "torch's"
+    return True
+
+
+def test_the_distill_recipe_flags_show_their_defaults():
+    text = PARSER.commands[("distill",)].format_help()
+    for flag in ("--transfer-epochs", "--transfer-lr", "--epochs", "--lr", "--temperature", "--context"):
+        action = next(a for a in PARSER.commands[("distill",)]._actions if flag in a.option_strings)
+        assert DEFAULT_IN_HELP.search(action.help), flag
+    assert "default: mse" in text
 
 
 def test_a_parse_gives_the_config_defaults_and_help_imports_no_torch():

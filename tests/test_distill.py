@@ -16,6 +16,7 @@ import sklearn.datasets
 import torch
 import torch.nn.functional as F
 import yaml
+from safetensors.torch import load_file as safetensors_load
 
 import linvit
 from linvit.distillation import DistillConfig, load_teacher, make_student, run_distill
@@ -127,7 +128,34 @@ def test_attention_transfer_trains_only_the_converted_layers_and_lowers_its_loss
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
     # the size it learned at (--img-size), not the timm teacher's 224: eval and predict preprocess as it trained
     assert tuple(linvit.load_run(tmp_path / "run").pretrained_cfg["input_size"]) == (3, 32, 32)
-    assert {"val_top1", "teacher_val_top1", "retention"} <= set(rows[-1])
+    assert {"val_top1", "teacher_val_top1", "retention", "images_per_second"} <= set(rows[-1])
+
+
+def test_map_lr_gives_the_learned_maps_their_own_rate_and_resumes_bit_exactly(digits, tmp_path):
+    """--map-lr: attention transfer trains the :hedgehog maps in param groups of their own at map_lr / transfer_lr
+    times every lr of the schedule; a resumed run rebuilds the same groups and continues bit for bit."""
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", *(f"{k}={v}" for k, v in TINY_VIT.items())]
+    argv += ["--data", str(digits), "--img-size", "32", "--mixer", "katz_rows:hedgehog", "--stages", "attention"]
+    argv += ["--transfer-lr", "1e-3", "--map-lr", "1e-2", "--warmup-epochs", "1", "--workers", "0"]
+    argv += ["--device", "cpu", "--no-progress", "--batch-size", "8"]
+    assert cli_main([*argv, "--transfer-epochs", "2", "--output", str(tmp_path / "full")]) == 0
+    assert cli_main([*argv, "--transfer-epochs", "1", "--output", str(tmp_path / "cut")]) == 0
+    assert cli_main([*argv, "--transfer-epochs", "2", "--output", str(tmp_path / "cut"), "--resume", "auto"]) == 0
+    state = torch.load(tmp_path / "full" / "last.pth", weights_only=False)
+    groups = state["optimizer"]["param_groups"]
+    maps = [k for k in state["model"] if ".feature_q." in k or ".feature_k." in k]
+    assert maps and sum(len(g["params"]) for g in groups if g.get("lr_scale") == 10) == len(maps)
+    assert all(g.get("lr_scale") in (None, 10) for g in groups)
+    rest, scaled = ([g["lr"] for g in groups if g.get("lr_scale") == s] for s in (None, 10))
+    assert len(set(rest)) == 1 and scaled == pytest.approx([10 * rest[0]] * len(scaled), rel=1e-12)
+    full, cut = (safetensors_load(tmp_path / run / "model.safetensors") for run in ("full", "cut"))
+    assert full.keys() == cut.keys() and all(torch.equal(full[k], cut[k]) for k in full)
+
+
+def test_map_lr_is_refused_where_there_is_no_learned_map(digits, tmp_path, capsys):
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--data", str(digits), "--mixer", "katz_infsa"]
+    assert cli_main([*argv, "--map-lr", "1e-2", "--output", str(tmp_path / "run")]) == 2
+    assert "katz_infsa has no learned feature map" in capsys.readouterr().err
 
 
 def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tmp_path):
@@ -142,7 +170,14 @@ def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tm
 
     def numbers(run):
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if k not in ("epoch_seconds", "images_per_second", "lr")} for r in rows]
+        return [
+            {
+                k: v
+                for k, v in r.items()
+                if k not in ("epoch_seconds", "images_per_second", "sequences_per_second", "lr")
+            }
+            for r in rows
+        ]
 
     full, resumed = numbers(tmp_path / "full"), numbers(tmp_path / "cut")
     assert len(full) == 2 and full == resumed  # lr, the schedule's plan, is left out above
@@ -332,6 +367,7 @@ def test_a_causal_lm_distils_and_its_student_decodes(mixer, text_file, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
     assert math.isclose(rows[-1]["loss_gap"], 100 * (rows[-1]["val_loss"] / rows[-1]["teacher_val_loss"] - 1))
+    assert "sequences_per_second" in rows[-1] and "images_per_second" not in rows[-1]  # token windows, not images
     reloaded = linvit.load_run(tmp_path / "run")
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -462,6 +498,9 @@ def test_torchrun_runs_both_stages_on_two_processes(digits, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     for folder in (tmp_path / "attention", tmp_path):
         ranks = [json.loads((folder / f"final_val_rank{r}.json").read_text()) for r in (0, 1)]
-        ranks = [{k: v for k, v in r.items() if k not in ("epoch_seconds", "images_per_second")} for r in ranks]
+        ranks = [
+            {k: v for k, v in r.items() if k not in ("epoch_seconds", "images_per_second", "sequences_per_second")}
+            for r in ranks
+        ]
         assert ranks[0] == ranks[1] and "teacher_val_top1" in ranks[0] and (folder / "model.safetensors").is_file()
     assert linvit.load_run(tmp_path) is not None

@@ -639,3 +639,41 @@ def test_numpy_numbers_in_a_config_are_stored_as_plain_numbers():
     assert type(stored["epochs"]) is int
     with pytest.raises(UsageError, match="gamma_init must be a number"):
         DistillConfig(teacher="t", mixer="linear_attention:hedgehog", gamma_init="abc")
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_lr_scales_train_their_parameters_at_that_multiple_of_every_step(warmup):
+    """training_recipe's lr_scales: the named parameters get groups of their own (timm's decay / no-decay split
+    kept) whose lr is the factor times the base lr at every step, the first one, the warm-up and the cosine
+    included; the rest train exactly as without it."""
+    from linvit import engine
+
+    def lrs(scales):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 1))
+        args = _plan(2, warmup_epochs=warmup)
+        batches = [torch.randn(2, 4) for _ in range(3)]
+        optimizer, scheduler, _ = engine.training_recipe(
+            model,
+            args,
+            len(batches),
+            torch.device("cpu"),
+            lr_scales={p: 5.0 for p in model[0].parameters()} if scales else None,
+        )
+        run, seen = _bare_run(model, batches, optimizer, scheduler, None, config=args), []
+
+        def loss(x):
+            seen.append([(g["lr"], g["weight_decay"], len(g["params"])) for g in optimizer.param_groups])
+            return model(x).square().mean(), len(x)
+
+        for epoch in range(2):
+            engine.train_pass(run, epoch, loss)
+        return seen
+
+    plain, scaled = lrs(False), lrs(True)
+    assert [len(step) for step in plain] == [2] * 6 and [len(step) for step in scaled] == [4] * 6
+    for before, after in zip(plain, scaled, strict=True):
+        for (lr, decay, count), rest, moved in zip(before, after[0::2], after[1::2], strict=True):
+            assert rest == (lr, decay, count - 1)  # one of model[0]'s two tensors left each of timm's groups
+            assert moved[0] == pytest.approx(5 * lr, rel=1e-12) and moved[1:] == (decay, 1)
+    assert {step[0][1] for step in plain} | {step[1][1] for step in plain} == {0.0, 0.05}  # no decay, decay

@@ -36,6 +36,7 @@ from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation,
 from ..engine.resume import find_resume
 from ..engine.sharding import is_sharded
 from ..errors import UsageError
+from ..layers.feature_maps import HedgehogFeatureMap
 from ..mixers import conversion_forms, get_mixer
 from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
@@ -86,6 +87,7 @@ class DistillConfig(TrainConfig):
     transfer_epochs: int = 1
     transfer_lr: float = 1e-3
     transfer_loss: str = "mse"  # mse | xent | mse+xent: output MSE, Hedgehog's attention-weight CE (attention_weights)
+    map_lr: float | None = None  # attention transfer's rate for the learned maps (:hedgehog); None: transfer_lr
     lora_rank: int = 0
     temperature: float = 1.0
     hard_weight: float = 0.0
@@ -103,6 +105,7 @@ class DistillConfig(TrainConfig):
         if self.mixer != AUTO:  # "auto": the form and its first discount wait for the teacher (with_recipe)
             self._check_mixer()
         check_transfer_loss(self.transfer_loss, None if self.mixer == AUTO else self.mixer)
+        self._check_map_lr()
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:
@@ -113,6 +116,14 @@ class DistillConfig(TrainConfig):
             raise UsageError(
                 f"feature_weight weighs the layers' output MSE: a finite number >= 0, got {self.feature_weight}"
             )
+
+    def _check_map_lr(self) -> None:
+        if self.map_lr is None:
+            return
+        if isinstance(self.map_lr, bool) or not isinstance(self.map_lr, numbers.Real) or not 0 < self.map_lr < math.inf:
+            raise UsageError(f"map_lr must be a finite learning rate > 0, got {self.map_lr!r}")
+        if self.mixer != AUTO and not self.mixer.endswith(":hedgehog"):
+            raise UsageError(f"map_lr: {self.mixer} has no learned feature map (the :hedgehog forms have one)")
 
     def _check_mixer(self) -> None:
         if self.gamma_init is None:
@@ -213,6 +224,19 @@ class Distillation(Task):
 
     def frozen_models(self) -> list[nn.Module]:
         return [self.teacher.model]  # sharded under --strategy fsdp like the student
+
+    def lr_scales(self, model: nn.Module, config: DistillConfig) -> dict[nn.Parameter, float]:
+        """Attention transfer with --map-lr: the learned maps at their own rate (LoLCATs trains its maps at
+        1e-2), the rest of the converted layers at --transfer-lr (this stage's lr)."""
+        if self.stage != "attention" or config.map_lr is None:
+            return {}
+        maps = [m for m in model.modules() if isinstance(m, HedgehogFeatureMap)]
+        return {p: config.map_lr / config.lr for m in maps for p in m.parameters() if p.requires_grad}
+
+    @property
+    def samples(self) -> str:
+        """A language model's batches are token windows: its record says sequences_per_second."""
+        return "sequences" if self.teacher.language else "images"
 
     def batch_loss(self, run: Run, batch) -> tuple[torch.Tensor, int]:
         if self.teacher.language:
@@ -403,7 +427,7 @@ def _end_to_end_config(config: DistillConfig) -> DistillConfig:
 
 
 END_TO_END_FIELDS = ("epochs", "lr", "lora_rank", "temperature", "hard_weight", "feature_weight")
-TRANSFER_FIELDS = ("transfer_epochs", "transfer_lr", "transfer_loss")
+TRANSFER_FIELDS = ("transfer_epochs", "transfer_lr", "transfer_loss", "map_lr")
 SKIPPED_STAGE_FIELDS = {"attention": END_TO_END_FIELDS, "end-to-end": TRANSFER_FIELDS}
 STAGE_HINTS = {
     "attention": "runs attention transfer only (its length and rate are --transfer-epochs, --transfer-lr)",

@@ -73,12 +73,13 @@ class Task:
 
     name = "task"  # config.json's linvit.task
     command = "train"  # the command that reruns it (model card)
+    samples = "images"  # what batch_loss counts: the epoch record's <samples>_per_second
 
     def build(self, config: TrainConfig, device: torch.device, rank: int, world: int) -> Parts:
         raise NotImplementedError
 
     def batch_loss(self, run: Run, batch) -> tuple[torch.Tensor, int]:
-        """(mean loss of the batch, its image count), on run.train_net."""
+        """(mean loss of the batch, its count of `samples`), on run.train_net."""
         raise NotImplementedError
 
     def evaluate(self, run: Run, epoch: int) -> dict:
@@ -110,6 +111,11 @@ class Task:
 
     def learning_rate(self, config: TrainConfig, world: int) -> float:
         return config.lr
+
+    def lr_scales(self, model: nn.Module, config: TrainConfig) -> dict[nn.Parameter, float]:
+        """Parameters that train at a multiple of the learning rate (their own param groups, timm's lr_scale,
+        which the schedule keeps); none by default. Called on the model as it trains (after fsdp)."""
+        return {}
 
     def build_ema(self, model: nn.Module, config: TrainConfig) -> nn.Module | None:
         """timm's ModelEmaV3 of the model, or None: updated after every step, what the final folder holds."""
@@ -181,7 +187,8 @@ def build_run(task: Task, config: TrainConfig, output: Path, rank: int, world: i
     # before the optimizer: fsdp replaces the parameters
     model = sharding.prepare(model, config, world, device, companions, task.frozen_models())
     lr = task.learning_rate(config, world)
-    optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr)
+    scales = task.lr_scales(model, config)
+    optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr, scales)
     run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)
     run.start_epoch, run.history = resume_run(run, task.unused_settings(config), task.flag_names())
     if rank == 0:
@@ -204,7 +211,10 @@ def run_epochs(task: Task, run: Run) -> list[dict]:
         seed_everything(run.config.seed + 1000 * epoch + run.rank)  # replayable on resume
         run.sampler.set_epoch(epoch)
         task.start_epoch(run, epoch)
-        numbers = {"epoch": epoch, **train_pass(run, epoch, lambda batch: task.batch_loss(run, batch), after_step)}
+        numbers = {
+            "epoch": epoch,
+            **train_pass(run, epoch, lambda batch: task.batch_loss(run, batch), after_step, task.samples),
+        }
         task.end_epoch(run, epoch, numbers)
         with sharding.gathered(run.model, run.ema.module if run.ema is not None else None, frozen=task.frozen_models()):
             numbers.update(task.evaluate(run, epoch))

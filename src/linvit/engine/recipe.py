@@ -14,12 +14,17 @@ from ..config import TrainConfig
 from ..errors import UsageError
 
 
-def training_recipe(model: nn.Module, config: TrainConfig, updates_per_epoch: int, device: torch.device, lr=None):
+def training_recipe(
+    model: nn.Module, config: TrainConfig, updates_per_epoch: int, device: torch.device, lr=None, lr_scales=None
+):
     """(optimizer, scheduler, scaler): config.opt (default AdamW) through timm (no decay on norms, biases,
     position embeddings, InfSA discounts), cosine per iteration to config.min_lr (default lr/100) after a
-    warm-up from config.warmup_lr (default lr/1000), fp16 gradient scaling. lr defaults to config.lr."""
+    warm-up from config.warmup_lr (default lr/1000), fp16 gradient scaling. lr defaults to config.lr;
+    lr_scales ({parameter: factor}) puts those parameters in groups of their own at factor x every lr."""
     lr = config.lr if lr is None else lr
     optimizer = create_optimizer_v2(model, opt=config.opt, lr=lr, weight_decay=config.weight_decay)
+    if lr_scales:
+        split_by_lr_scale(optimizer, lr_scales)  # before the scheduler, which reads every group's lr and lr_scale
     scheduler, _ = create_scheduler_v2(
         optimizer,
         sched="cosine",
@@ -32,6 +37,25 @@ def training_recipe(model: nn.Module, config: TrainConfig, updates_per_epoch: in
     )
     scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
     return optimizer, scheduler, scaler
+
+
+def split_by_lr_scale(optimizer: torch.optim.Optimizer, lr_scales: dict[nn.Parameter, float]) -> None:
+    """Each of timm's groups (decay / no decay) split where lr_scales names some of its parameters: the rest
+    first (group 0, whose lr the logs print), then one group per factor with "lr_scale", by which timm's
+    schedulers multiply every lr they set. The same groups on every rank and every resume of one config."""
+    scales = {id(p): s for p, s in lr_scales.items()}
+    groups = []
+    for group in optimizer.param_groups:
+        settings = {k: v for k, v in group.items() if k != "params"}
+        plain = [p for p in group["params"] if id(p) not in scales]
+        if plain:
+            groups.append({**settings, "params": plain})
+        for scale in sorted({scales[id(p)] for p in group["params"] if id(p) in scales}):
+            scaled = [p for p in group["params"] if scales.get(id(p)) == scale]
+            groups.append({**settings, "params": scaled, "lr_scale": scale})  # scaled from the scheduler's start
+    optimizer.param_groups.clear()
+    for group in groups:
+        optimizer.add_param_group(group)
 
 
 def train_loader(train_set, config: TrainConfig, rank: int, world: int, collate_fn=None, pin_memory: bool = False):

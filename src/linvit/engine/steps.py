@@ -40,12 +40,15 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer, scaler, clip
     return norm.detach()
 
 
-def train_pass(run, epoch: int, batch_loss: Callable[[object], tuple[torch.Tensor, int]], after_step=None) -> dict:
+def train_pass(
+    run, epoch: int, batch_loss: Callable[[object], tuple[torch.Tensor, int]], after_step=None, samples: str = "images"
+) -> dict:
     """One epoch of any task on a Run (its train_net, loader, optimizer, scheduler, scaler, config.clip_grad,
-    config.progress): batch_loss(batch) -> (loss, images), the optimizer step, the per-iteration schedule,
-    after_step(global step) (EMA), a progress bar and the epoch's numbers (summed over ranks), with the mean
-    and largest gradient norm before clipping (equal on every rank: DDP's gradients are all-reduced) and the
-    steps whose gradients were not finite (fp16 steps the scaler skipped).
+    config.progress): batch_loss(batch) -> (loss, count of samples: images, or a language model's sequences, the
+    record's <samples>_per_second), the optimizer step, the per-iteration schedule, after_step(global step) (EMA),
+    a progress bar and the epoch's numbers (summed over ranks), with the mean and largest gradient norm before
+    clipping (equal on every rank: DDP's gradients are all-reduced) and the steps whose gradients were not finite
+    (fp16 steps the scaler skipped).
 
     The running loss stays on the device: the host waits only every CHECK_EVERY steps, where every rank
     takes part in one all-reduce of the non-finite count and all of them stop together (a loss that is NaN on
@@ -62,24 +65,24 @@ def train_pass(run, epoch: int, batch_loss: Callable[[object], tuple[torch.Tenso
     if epoch:  # the lr of the step count, not the optimizer's: a resumed run's plan may have changed since
         run.scheduler.step_update(num_updates=epoch * updates)
     for step, batch in enumerate(bar):
-        loss, images = batch_loss(batch)
+        loss, count = batch_loss(batch)
         grad_norms.add(optimizer_step(loss, net, run.optimizer, run.scaler, run.config.clip_grad))
         run.scheduler.step_update(num_updates=epoch * updates + step + 1)
         if after_step is not None:
             after_step(epoch * updates + step)
         loss = loss.detach().float()
         nonfinite += ~torch.isfinite(loss)
-        loss_sum += loss * images
-        seen += images
+        loss_sum += loss * count
+        seen += count
         if (step + 1) % CHECK_EVERY == 0 or step + 1 == updates:
             stop_if_not_finite(nonfinite, epoch, step)
             lr = run.optimizer.param_groups[0]["lr"]
             bar.set_postfix(loss=f"{loss_sum.item() / max(seen, 1):.4f}", lr=f"{lr:.2e}")
     seconds = time.perf_counter() - start
-    return epoch_record(run, epoch, loss_sum, seen, seconds, grad_norms, dead)
+    return epoch_record(run, epoch, loss_sum, seen, seconds, grad_norms, dead, samples)
 
 
-def epoch_record(run, epoch: int, loss_sum, seen: int, seconds: float, grad_norms, dead) -> dict:
+def epoch_record(run, epoch: int, loss_sum, seen: int, seconds: float, grad_norms, dead, samples="images") -> dict:
     """The epoch's numbers: one host read of the device sums, one all-reduce over ranks, the epoch's lr step."""
     norms = grad_norms.values()
     dead_counts = dead.values(run.device)  # per head: images with all-zero scores (and the layers' image counts)
@@ -91,7 +94,7 @@ def epoch_record(run, epoch: int, loss_sum, seen: int, seconds: float, grad_norm
         "train_loss": loss_total / max(seen, 1),
         "lr": run.optimizer.param_groups[0]["lr"],
         "epoch_seconds": seconds,
-        "images_per_second": seen / seconds if seconds > 0 else None,
+        f"{samples}_per_second": seen / seconds if seconds > 0 else None,
         **GradNormStats.record(norm_values),
         **dead.record(dead_values),
     }
