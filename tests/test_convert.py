@@ -310,6 +310,22 @@ def test_a_form_without_a_discount_ignores_gamma_init():
     assert ignored.linvit_conversion.gamma_init == 0.9  # recorded as the default it runs with
 
 
+def test_a_form_without_score_map_variants_ignores_linear_variant_and_says_so():
+    """linear_variant is Linear-InfSA's option: another form warns, runs as without it and records nothing of it
+    (it was taken silently and stored in the model's config)."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_4l_patch16_224", patch_size=8, embed_dim=32, depth=1, num_heads=2, img_size=32)
+    x = torch.randn(2, 3, 32, 32)
+    with pytest.warns(UserWarning, match="linear_variant='floor' is ignored: it is linear_infsa's option, not katz"):
+        ignored = convert(copy.deepcopy(model), "katz_infsa", linear_variant="floor")
+    default = convert(copy.deepcopy(model), "katz_infsa")
+    torch.testing.assert_close(ignored(x), default(x), rtol=0, atol=0)
+    assert "linear_variant" not in ignored._model_args
+    assert (
+        convert(copy.deepcopy(model), "linear_infsa", linear_variant="floor")._model_args["linear_variant"] == "floor"
+    )
+
+
 def test_a_first_discount_that_is_one_in_float32_is_refused():
     """1 - 1e-9 lies in (0, 1) but its discount sigmoid(logit) rounds to 1 in float32: the series diverges (NaN)."""
     with pytest.raises(ValueError, match="is 1 in float32"):

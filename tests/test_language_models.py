@@ -428,3 +428,18 @@ def test_attention_dropout_acts_where_the_form_has_probabilities(form):
         assert rel_err(trained[0], trained[1]) > 1e-3  # a fresh probability mask each call
     else:
         assert torch.equal(trained[0], evaluated) and torch.equal(trained[1], evaluated)
+
+
+def test_converting_a_converted_lm_again_keeps_its_discounts_and_says_so():
+    """Converting again (to add a window) keeps each layer's discounts: the report records the first gamma_init,
+    and a different one given now warns that it sets none (the report printed the new value, untrue)."""
+    model = linvit.convert(_gpt2(), "katz_infsa", gamma_init=0.5)
+    with torch.no_grad():
+        model.transformer.h[0].attn.infsa_theta.add_(1.0)  # as if trained
+    trained = [layer.attn.infsa_theta.detach().clone() for layer in model.transformer.h]
+    with pytest.warns(
+        UserWarning, match=r"gamma_init=0.9 sets no discount: the 2 layers .* keep theirs \(first gamma_init 0.5\)"
+    ):
+        again = linvit.convert(model, "katz_infsa", gamma_init=0.9, window=8)
+    assert again.linvit_conversion.gamma_init == 0.5 and "gamma_init 0.5, window 8" in str(again.linvit_conversion)
+    assert all(torch.equal(layer.attn.infsa_theta, t) for layer, t in zip(again.transformer.h, trained, strict=True))

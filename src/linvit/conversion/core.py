@@ -203,6 +203,12 @@ def convert(
         warnings.warn(f"gamma_init={gamma_init!r} is ignored: {base} has no discount", stacklevel=2)
         gamma_init = 0.9  # what the report and a reloaded model's config then record
     check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
+    option = get_mixer(base, warn=False).option
+    if linear_variant != "release" and (option is None or option.name != "linear_variant"):
+        warnings.warn(
+            f"linear_variant={linear_variant!r} is ignored: it is linear_infsa's option, not {base}'s", stacklevel=2
+        )
+        linear_variant = "release"  # what the report and a reloaded model's config then record
     if options.get("linear_variant", linear_variant) != linear_variant and linear_variant != "release":
         raise UsageError(f"variant {variant!r} and linear_variant={linear_variant!r} disagree: give one")
     linear_variant = options.get("linear_variant", linear_variant)
