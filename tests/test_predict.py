@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,21 @@ def test_predict_command_writes_one_json_line_per_image(tmp_path, capsys):
     assert "china.jpg: " in capsys.readouterr().out
     assert cli_main(["predict", str(PHOTOS)]) == 2
     assert "--checkpoint RUN" in capsys.readouterr().err
+
+
+def test_predict_lines_are_not_written_into_the_progress_bar(monkeypatch):
+    """On a terminal the bar (stderr) and the per-picture lines (stdout) share one screen: each line is written
+    above the bar (tqdm.write), never after its text on the same line."""
+    import io
+
+    screen = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(sys, "stderr", screen)
+    argv = ["predict", str(PHOTOS), "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1"]
+    assert cli_main([*argv, "--native", "--batch-size", "1", "--progress"]) == 0
+    shown = [line.rsplit("\r", 1)[-1] for line in screen.getvalue().split("\n")]  # what stays on each line
+    picture_lines = [line for line in shown if ".jpg: " in line]
+    assert len(picture_lines) == 2 and all(line.startswith(str(PHOTOS)) for line in picture_lines), shown
 
 
 def test_seen_box_is_the_region_timms_eval_transform_keeps():

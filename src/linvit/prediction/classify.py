@@ -208,7 +208,7 @@ def run_predict(config: PredictConfig) -> list[dict]:
             record["seconds"] = round(own + share + time.perf_counter() - tick, 4)
             records.append(record)
             top = out["topk"][0]
-            print(f"{path}: {top['label']} ({top['prob']:.3f})" + _rest(out["topk"][1:]))
+            tqdm.write(f"{path}: {top['label']} ({top['prob']:.3f})" + _rest(out["topk"][1:]))  # above the bar
     report_skipped(len(paths) - len(records), len(paths))
     if config.output:
         write_jsonl(config.output, records)

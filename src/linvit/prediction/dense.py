@@ -88,7 +88,7 @@ def run_detect_predict(config: DetectPredictConfig) -> list[dict]:
             record["drawn"] = str(target)
         records.append(record)
         summary = ", ".join(f"{d['label']} {d['score']:.2f}" for d in record["detections"][:5]) or "nothing"
-        print(f"{path}: {len(record['detections'])} detections ({summary})")
+        tqdm.write(f"{path}: {len(record['detections'])} detections ({summary})")  # above the progress bar
     if config.output:
         write_jsonl(config.output, records)
     return records
@@ -123,7 +123,7 @@ def run_segment_predict(config: SegmentPredictConfig) -> list[dict]:
             save_class_map(classes, target.with_name(target.stem + "_classes.png"), model.num_classes)
             record["drawn"] = str(target)
         records.append(record)
-        print(f"{path}: " + ", ".join(f"{k} {v:.0%}" for k, v in list(shares.items())[:5]))
+        tqdm.write(f"{path}: " + ", ".join(f"{k} {v:.0%}" for k, v in list(shares.items())[:5]))
     if config.output:
         write_jsonl(config.output, records)
     return records
