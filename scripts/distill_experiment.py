@@ -66,6 +66,9 @@ VARIANTS = {
     # the anchor on each seed (docs/results.md, the recipe sweep); here on every task's output MSE, to decide whether
     # it becomes the default
     "distill_f128": ("distill, f = 128", ["--feature-dim", "128"]),
+    # LoLCATs trains its maps at lr 1e-2: here the maps alone at 1e-2 in attention transfer, the rest of each layer at
+    # the recipe's 2e-3 (the whole layer at 1e-2 collapsed in the recipe sweep: -23 points)
+    "distill_map_lr": ("distill, maps at lr 1e-2", ["--map-lr", "1e-2"]),
 }
 # a variant's rows appear where its runs exist (the anchor's mse+xent: katz_rows' comparison on the same loss)
 VARIANT_MIXERS = ("katz_infsa:hedgehog", "katz_rows:hedgehog", "linear_attention:hedgehog")

@@ -168,7 +168,13 @@ def distill_runs_arguments(parser, seeds: list[int]) -> None:
 ROWS_BEGIN, ROWS_END = "<!-- katz-rows:begin -->", "<!-- katz-rows:end -->"
 # the katz_rows comparison's methods, in its table's order: Katz's recipe, with the weight loss beside, with a
 # learned map twice the head dim, and started at a tenth of a discount
-ROWS_METHODS = ("distill", "distill, mse+xent", "distill, f = 128", "distill, gamma_init 0.1")
+ROWS_METHODS = (
+    "distill",
+    "distill, mse+xent",
+    "distill, f = 128",
+    "distill, gamma_init 0.1",
+    "distill, maps at lr 1e-2",
+)
 NO_DISCOUNT = ("distill, gamma_init 0.1",)  # the anchor has no discount: its `distill` run is its run of these
 
 
@@ -183,8 +189,9 @@ def rows_table(comparison: dict) -> str:
         "with Hedgehog's attention-weight loss beside "
         "the output MSE (`distill, mse+xent`), started at discount 0.1 (`distill, gamma_init 0.1`), or with a "
         "learned map of f = 128 features, twice the head dim, on the "
-        "output MSE (`distill, f = 128`). Teachers marked retrained are the protocol's command run again "
-        "on another machine, which trains other teachers than that task's table above: the code is the same (one "
+        "output MSE (`distill, f = 128`), or with the learned maps alone at lr 1e-2 in attention transfer, the rest "
+        "of each layer at 2e-3 (`distill, maps at lr 1e-2`). Teachers marked retrained are the protocol's command run "
+        "again on another machine, which trains other teachers than that task's table above: the code is the same (one "
         "machine retrains seed 0 bit for bit at the data fix's commit and today), the float rounding of another "
         "CPU kind is not (docs/reproduce.md). Every row of a task shares its teachers, and each is paired seed by "
         "seed with the anchor trained the same way (its `distill` run for a first discount, which it does not "
