@@ -79,6 +79,11 @@ def vision_table(vision: dict) -> str:
         )
     if "distill, f = 128" in methods:
         caption += " `f = 128` rows learn a map twice the head dim (`--feature-dim 128`: 256 features a head)."
+    if "distill, maps at lr 1e-2" in methods:
+        caption += (
+            " `maps at lr 1e-2` rows train the learned maps alone at lr 1e-2 in attention transfer (`--map-lr 1e-2`),"
+            " the rest of each layer at the recipe's 2e-3."
+        )
     lines = [
         caption,
         "",

@@ -152,10 +152,54 @@ def test_map_lr_gives_the_learned_maps_their_own_rate_and_resumes_bit_exactly(di
     assert full.keys() == cut.keys() and all(torch.equal(full[k], cut[k]) for k in full)
 
 
+def test_a_resume_with_a_new_transfer_lr_keeps_the_maps_at_map_lr(digits, tmp_path):
+    """The saved groups carry the old map_lr / transfer_lr: a resume on a new --transfer-lr (a schedule change it
+    allows) puts this run's factor back, so the maps train at --map-lr, not at new / old times it."""
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", *(f"{k}={v}" for k, v in TINY_VIT.items())]
+    argv += ["--data", str(digits), "--img-size", "32", "--mixer", "katz_rows:hedgehog", "--stages", "attention"]
+    argv += ["--map-lr", "1e-2", "--workers", "0", "--device", "cpu", "--no-progress", "--batch-size", "8"]
+    argv += ["--output", str(tmp_path / "run")]
+    assert cli_main([*argv, "--transfer-lr", "1e-3", "--transfer-epochs", "1"]) == 0
+    assert cli_main([*argv, "--transfer-lr", "2e-3", "--transfer-epochs", "2", "--resume", "auto"]) == 0
+    groups = torch.load(tmp_path / "run" / "last.pth", weights_only=False)["optimizer"]["param_groups"]
+    assert sorted({g.get("lr_scale") for g in groups}, key=str) == [5.0, None]
+
+
+def test_a_run_from_before_map_lr_resumed_with_it_is_refused_in_one_line(digits, tmp_path, capsys):
+    """A checkpoint written before --map-lr existed ran without it (DistillConfig.ABSENT_MEANS): asking for it on
+    resume is a changed setting, refused before the optimizer's groups disagree (a traceback)."""
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", *(f"{k}={v}" for k, v in TINY_VIT.items())]
+    argv += ["--data", str(digits), "--img-size", "32", "--mixer", "katz_rows:hedgehog", "--stages", "attention"]
+    argv += ["--workers", "0", "--device", "cpu", "--no-progress", "--batch-size", "8", "--output", str(tmp_path)]
+    assert cli_main([*argv, "--transfer-epochs", "1"]) == 0
+    state = torch.load(tmp_path / "last.pth", weights_only=False)
+    del state["args"]["map_lr"]  # as an older linvit wrote it
+    torch.save(state, tmp_path / "last.pth")
+    capsys.readouterr()
+    assert cli_main([*argv, "--transfer-epochs", "2", "--map-lr", "1e-2", "--resume", "auto"]) == 2
+    assert "--map-lr None -> 0.01" in capsys.readouterr().err
+
+
+def test_map_lr_scales_the_maps_in_attention_transfer_only():
+    """The end-to-end stage trains every weight at --lr: no group of its own for the maps there."""
+    from linvit.distillation.task import Distillation
+    from linvit.layers.feature_maps import HedgehogFeatureMap
+
+    student = make_student(_vit_teacher().model, "katz_rows:hedgehog", 0.5)
+    maps = {p for m in student.modules() if isinstance(m, HedgehogFeatureMap) for p in m.parameters()}
+    config = DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows:hedgehog", map_lr=1e-2)
+    transfer = Distillation("attention").lr_scales(student, config.replace(lr=2e-3))
+    assert maps and set(transfer) == maps and list(transfer.values()) == pytest.approx([5.0] * len(maps))
+    assert Distillation("end-to-end").lr_scales(student, config) == {}
+
+
 def test_map_lr_is_refused_where_there_is_no_learned_map(digits, tmp_path, capsys):
     argv = ["distill", "--teacher", "vit_4l_patch16_224", "--data", str(digits), "--mixer", "katz_infsa"]
     assert cli_main([*argv, "--map-lr", "1e-2", "--output", str(tmp_path / "run")]) == 2
     assert "katz_infsa has no learned feature map" in capsys.readouterr().err
+    xent = [*argv[:-1], "katz_rows:hedgehog", "--transfer-loss", "xent", "--map-lr", "1e-2"]
+    assert cli_main([*xent, "--output", str(tmp_path / "run")]) == 2  # the maps alone train: one rate
+    assert "give their rate as transfer_lr" in capsys.readouterr().err
 
 
 def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tmp_path):

@@ -431,15 +431,19 @@ def test_attention_dropout_acts_where_the_form_has_probabilities(form):
 
 
 def test_converting_a_converted_lm_again_keeps_its_discounts_and_says_so():
-    """Converting again (to add a window) keeps each layer's discounts: the report records the first gamma_init,
-    and a different one given now warns that it sets none (the report printed the new value, untrue)."""
+    """Converting again (to add a window) keeps each layer's discounts: the report records the first gamma_init;
+    a different one given now warns that it sets none, and none given says nothing (the report printed 0.9)."""
+    import warnings
+
     model = linvit.convert(_gpt2(), "katz_infsa", gamma_init=0.5)
     with torch.no_grad():
         model.transformer.h[0].attn.infsa_theta.add_(1.0)  # as if trained
     trained = [layer.attn.infsa_theta.detach().clone() for layer in model.transformer.h]
-    with pytest.warns(
-        UserWarning, match=r"gamma_init=0.9 sets no discount: the 2 layers .* keep theirs \(first gamma_init 0.5\)"
-    ):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = linvit.convert(model, "katz_infsa", window=16)  # docs/conversion.md's way to add a window
+    assert "gamma_init 0.5, window 16" in str(model.linvit_conversion)
+    with pytest.warns(UserWarning, match=r"gamma_init=0.9 sets no discount: .* keep theirs \(first gamma_init 0.5\)"):
         again = linvit.convert(model, "katz_infsa", gamma_init=0.9, window=8)
     assert again.linvit_conversion.gamma_init == 0.5 and "gamma_init 0.5, window 8" in str(again.linvit_conversion)
     assert all(torch.equal(layer.attn.infsa_theta, t) for layer, t in zip(again.transformer.h, trained, strict=True))

@@ -8,7 +8,6 @@ skipped (and why) is returned by ``convert_report(model)``.
 from __future__ import annotations
 
 import copy
-import numbers
 import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -154,11 +153,14 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
 
+DEFAULT_GAMMA = 0.9  # convert's first discount where none is given (distill starts Katz at 0.5: its own default)
+
+
 def convert(
     model: nn.Module,
     variant: str = "linear_infsa",
     *,
-    gamma_init: float = 0.9,
+    gamma_init: float | None = None,
     include: str | Sequence[str] | None = None,
     exclude: str | Sequence[str] | None = None,
     target_types: Mapping[type, object] | Iterable[type] | None = None,
@@ -178,7 +180,8 @@ def convert(
             masks) or "katz_infsa" (linvit's exact infinite-hop series in O(N)), with an optional option
             after a colon (FORMS): "katz_infsa:hedgehog" learns a feature map per head (layers.feature_maps;
             "katz_infsa:elu+1" a fixed one), "linear_infsa:softplus" a stabilised score map.
-        gamma_init: initial discount of every head, in (0, 1); it trains (gamma = sigmoid(theta)).
+        gamma_init: initial discount of every head, in (0, 1); it trains (gamma = sigmoid(theta)). None: 0.9,
+            and a converted language model converted again keeps the discounts its layers have.
         include, exclude: regular expressions searched in module names (``model.named_modules()``);
             a module converts if it matches an include pattern (all do without include) and no exclude one.
         target_types: a mapping {module type: adapter} adding (or overriding) adapters for other attention
@@ -197,9 +200,10 @@ def convert(
     """
     base, options = parse_variant(variant)
     variant = canonical_form(variant)
+    given, gamma_init = gamma_init is not None, DEFAULT_GAMMA if gamma_init is None else gamma_init
     if get_mixer(base, warn=False).discount:
         gamma_init = check_gamma_init(gamma_init)
-    elif not (isinstance(gamma_init, numbers.Real) and gamma_init == 0.9):  # never read: said, not range-checked
+    elif given and gamma_init != DEFAULT_GAMMA:  # never read: said, not range-checked
         warnings.warn(f"gamma_init={gamma_init!r} is ignored: {base} has no discount", stacklevel=2)
         gamma_init = 0.9  # what the report and a reloaded model's config then record
     check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
@@ -224,6 +228,12 @@ def convert(
     language = _language_model_layers(model, adapters, include, exclude, report)
     if language:
         model = convert_language_model(model, base, gamma_init, language, report, feature_map, feature_dim, window)
+        if given and report.gamma_init != gamma_init:  # converted before: its layers kept their discounts
+            warnings.warn(
+                f"gamma_init={gamma_init} sets no discount: the layers converted before keep theirs (first "
+                f"gamma_init {report.gamma_init}); convert the softmax original to start them at {gamma_init}",
+                stacklevel=2,
+            )
         model.linvit_conversion = report
         return model
     if window is not None:

@@ -20,7 +20,6 @@ refuses causal models.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn as nn
@@ -156,9 +155,8 @@ def _add_discounts(model, modules, gamma_init: float | None, report, pre_hook) -
     """One trainable discount per head (gamma = sigmoid(infsa_theta)) on every selected layer (linear attention,
     gamma_init None, has none: the layer is marked infsa_linear_attention), and the hooks that hand each call's
     cache to the attention function."""
-    kept = [name for name, module in modules if hasattr(module, "infsa_theta")]
-    if kept:
-        _say_kept_discounts(model, kept, gamma_init, report)
+    if any(hasattr(module, "infsa_theta") for _, module in modules):
+        _say_kept_discounts(model, report)
     for name, module in modules:
         heads = int(module.config.num_attention_heads)
         if not hasattr(module, "infsa_theta") and not hasattr(module, "infsa_linear_attention"):
@@ -173,18 +171,12 @@ def _add_discounts(model, modules, gamma_init: float | None, report, pre_hook) -
         report.converted.append(_converted(name, module, heads))
 
 
-def _say_kept_discounts(model, kept: list[str], gamma_init: float, report) -> None:
+def _say_kept_discounts(model, report) -> None:
     """Converting a converted model again (to add a window, say) keeps its layers' discounts, trained or not: the
-    report records the first conversion's gamma_init, and a different one given now is said to set none."""
+    report records the first conversion's gamma_init (linvit.convert warns where another was given)."""
     previous = getattr(getattr(model, "linvit_conversion", None), "gamma_init", None)
-    if previous is None or previous == gamma_init:
-        return
-    report.gamma_init = previous
-    warnings.warn(
-        f"gamma_init={gamma_init} sets no discount: the {len(kept)} layers converted before ({kept[0]}, ...) keep "
-        f"theirs (first gamma_init {previous}); convert the softmax original to start them at {gamma_init}",
-        stacklevel=5,  # the caller of linvit.convert
-    )
+    if previous is not None:
+        report.gamma_init = previous
 
 
 def _converted(name: str, module: nn.Module, heads: int):

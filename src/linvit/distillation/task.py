@@ -71,7 +71,8 @@ def default_gamma(mixer: str) -> float:
 class DistillConfig(TrainConfig):
     """`linvit distill`: the teacher, the student's mixer, the two stages' lengths and the losses' weights."""
 
-    ABSENT_MEANS: ClassVar[dict[str, str]] = {"transfer_loss": "mse"}  # runs from before the option
+    # runs from before each option: the value they ran with, as stored (a resume asking another is refused)
+    ABSENT_MEANS: ClassVar[dict[str, str]] = {"transfer_loss": "mse", "map_lr": "None"}
 
     teacher: str | None = None
     teacher_file: str | None = None
@@ -124,6 +125,10 @@ class DistillConfig(TrainConfig):
             raise UsageError(f"map_lr must be a finite learning rate > 0, got {self.map_lr!r}")
         if self.mixer != AUTO and not self.mixer.endswith(":hedgehog"):
             raise UsageError(f"map_lr: {self.mixer} has no learned feature map (the :hedgehog forms have one)")
+        if self.transfer_loss == "xent":  # the maps alone train: one rate, and --transfer-lr is its flag
+            raise UsageError(
+                "map_lr: with transfer_loss xent only the learned maps train; give their rate as transfer_lr"
+            )
 
     def _check_mixer(self) -> None:
         if self.gamma_init is None:
@@ -281,8 +286,11 @@ class Distillation(Task):
         what = "attention transfer" if self.stage == "attention" else "end-to-end distillation"
         return (
             f"{what}: {c.teacher} -> {c.mixer}, {trainable:,} of {total:,} parameters train, "
-            f"{len(run.parts.train_set)} train samples, lr {c.lr:.3g}, world {run.world}"
+            f"{len(run.parts.train_set)} train samples, lr {c.lr:.3g}{self._map_rate(c)}, world {run.world}"
         )
+
+    def _map_rate(self, config: DistillConfig) -> str:
+        return f" (learned maps {config.map_lr:.3g})" if self.stage == "attention" and config.map_lr else ""
 
 
 def _image_parts(task: Distillation, config: DistillConfig, rank: int, world: int):
@@ -422,7 +430,8 @@ def _end_to_end_config(config: DistillConfig) -> DistillConfig:
     out = Path(config.output)
     if not config.resume or not (out / "args.yaml").is_file() or not _end_to_end_started(out):
         return config
-    stored = {**config.ABSENT_MEANS, **run_args(out)}
+    absent = {name: None if value == "None" else value for name, value in config.ABSENT_MEANS.items()}  # as stored
+    stored = {**absent, **run_args(out)}
     return config.replace(**{name: stored[name] for name in TRANSFER_FIELDS if name in stored})
 
 

@@ -41,8 +41,9 @@ def training_recipe(
 
 def split_by_lr_scale(optimizer: torch.optim.Optimizer, lr_scales: dict[nn.Parameter, float]) -> None:
     """Each of timm's groups (decay / no decay) split where lr_scales names some of its parameters: the rest
-    first (group 0, whose lr the logs print), then one group per factor with "lr_scale", by which timm's
-    schedulers multiply every lr they set. The same groups on every rank and every resume of one config."""
+    first (group 0, whose lr the logs print, where any parameter is left unscaled), then one group per factor
+    with "lr_scale", by which timm's schedulers multiply every lr they set. The same groups on every rank and
+    every resume of one config (resume.restore_lr_scales puts the factors back after loading)."""
     scales = {id(p): s for p, s in lr_scales.items()}
     groups = []
     for group in optimizer.param_groups:
@@ -56,6 +57,16 @@ def split_by_lr_scale(optimizer: torch.optim.Optimizer, lr_scales: dict[nn.Param
     optimizer.param_groups.clear()
     for group in groups:
         optimizer.add_param_group(group)
+
+
+def restore_lr_scales(optimizer: torch.optim.Optimizer, scales: list[float | None]) -> None:
+    """Put back each group's lr_scale of this run's config after loading a checkpoint's optimizer (torch keeps the
+    saved groups' settings): resumed with a new --transfer-lr, --map-lr's groups keep map_lr / transfer_lr."""
+    for group, scale in zip(optimizer.param_groups, scales, strict=True):
+        if scale is None:
+            group.pop("lr_scale", None)
+        else:
+            group["lr_scale"] = scale
 
 
 def train_loader(train_set, config: TrainConfig, rank: int, world: int, collate_fn=None, pin_memory: bool = False):

@@ -22,6 +22,7 @@ from ..errors import UsageError
 from ..utils.checkpoint import atomic_write_text
 from ..utils.runtime import set_rng_states
 from . import sharded_checkpoint as sharded
+from .recipe import restore_lr_scales
 
 CHECKPOINT = "last.pth"
 METRICS = "metrics.jsonl"
@@ -193,7 +194,9 @@ def resume_run(
     saved = {**run.config.ABSENT_MEANS, **(ckpt.get("args") or {})}
     kept_global, world_line = world_change(saved, ckpt.get("world"), run.config.batch_size, run.world)
     new_schedule = check_plan(path, saved, run.config.to_dict(), unused | kept_global, names)
+    scales = [group.get("lr_scale") for group in run.optimizer.param_groups]  # this config's (recipe.lr_scales)
     load_weights(run, path, ckpt, is_sharded)
+    restore_lr_scales(run.optimizer, scales)  # the loaded groups bring the saved factors (another base lr: stale)
     if not new_schedule:
         run.scheduler.load_state_dict(ckpt["scheduler"])
     if run.scaler is not None and ckpt.get("scaler") is not None:
