@@ -127,7 +127,9 @@ def _real(low: float, high: float | None = None, *, open_low: bool = False, open
         except ValueError:
             value = None
         too_low = value is None or value < low or (open_low and value == low)
+        unbounded = high is None and value == float("inf")  # "[low, inf)": a finite number (an infinite rate NaNs)
         too_high = value is not None and high is not None and (value > high or (open_high and value == high))
+        too_high = too_high or unbounded
         if too_low or too_high or value != value:  # NaN compares false to every bound
             raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
         return value

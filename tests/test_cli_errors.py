@@ -325,7 +325,15 @@ def test_unreachable_hub_names_the_commands_own_weight_flag(tmp_path, monkeypatc
 
 @pytest.mark.parametrize(
     "flag,value",
-    [("--lr", "-1"), ("--lr", "nan"), ("--drop-path", "2"), ("--smoothing", "1.5"), ("--crop-pct", "0")]
+    [
+        ("--lr", "-1"),
+        ("--lr", "nan"),
+        ("--lr", "inf"),
+        ("--min-lr", "1e400"),
+        ("--drop-path", "2"),
+        ("--smoothing", "1.5"),
+        ("--crop-pct", "0"),
+    ]
     + [("--hflip", "5")],
 )
 def test_rates_and_probabilities_out_of_range(data, tmp_path, capsys, flag, value):

@@ -309,6 +309,8 @@ def test_a_form_without_a_discount_ignores_gamma_init():
     default = convert(copy.deepcopy(model), "linear_attention")
     torch.testing.assert_close(ignored(x), default(x), rtol=0, atol=0)
     assert ignored.linvit_conversion.gamma_init == 0.9  # recorded as the default it runs with
+    assert "gamma_init" not in str(ignored.linvit_conversion)  # the printed report names no discount it lacks
+    assert "(gamma_init 0.9)" in str(convert(copy.deepcopy(model), "katz_infsa").linvit_conversion)
 
 
 def test_a_form_without_score_map_variants_ignores_linear_variant_and_says_so():
@@ -322,9 +324,9 @@ def test_a_form_without_score_map_variants_ignores_linear_variant_and_says_so():
     default = convert(copy.deepcopy(model), "katz_infsa")
     torch.testing.assert_close(ignored(x), default(x), rtol=0, atol=0)
     assert "linear_variant" not in ignored._model_args
-    assert (
-        convert(copy.deepcopy(model), "linear_infsa", linear_variant="floor")._model_args["linear_variant"] == "floor"
-    )
+    floor = convert(copy.deepcopy(model), "linear_infsa", linear_variant="floor")
+    assert floor._model_args["linear_variant"] == "floor"
+    assert floor.linvit_conversion.variant == "linear_infsa:floor"  # the report names the form that runs
 
 
 def test_a_first_discount_that_is_one_in_float32_is_refused():

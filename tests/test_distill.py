@@ -200,6 +200,8 @@ def test_map_lr_is_refused_where_there_is_no_learned_map(digits, tmp_path, capsy
     xent = [*argv[:-1], "katz_rows:hedgehog", "--transfer-loss", "xent", "--map-lr", "1e-2"]
     assert cli_main([*xent, "--output", str(tmp_path / "run")]) == 2  # the maps alone train: one rate
     assert "give their rate as transfer_lr" in capsys.readouterr().err
+    end_to_end = DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows:hedgehog", stages="end-to-end")
+    assert end_to_end.replace(transfer_loss="xent", map_lr=1e-2).map_lr == 1e-2  # a stage that reads neither
 
 
 def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tmp_path):
@@ -231,6 +233,30 @@ def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tm
     reloaded = linvit.load_run(tmp_path / "full")
     assert linvit.convert_report(reloaded).variant == "pure_infsa"
     assert cli_main(["eval", "--checkpoint", str(tmp_path / "full"), "--data", str(digits), "--workers", "0"]) == 0
+    card = (tmp_path / "full" / "README.md").read_text()
+    assert "# pure_infsa student of vit_4l_patch16_224" in card and "10 classes" in card
+    stage_card = (tmp_path / "full" / "attention" / "README.md").read_text()
+    assert "first stage of the run in the folder above" in stage_card and "--config ../args.yaml" in stage_card
+
+
+def test_a_stage_folder_is_not_taken_for_a_run(digits, tmp_path, capsys):
+    """OUT/attention's args.yaml is its stage's (lr = --transfer-lr): distilling into it as a run of its own
+    nested OUT/attention/attention and died on the other stage's checkpoint; now one line names OUT. A run of its
+    own called attention still resumes."""
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", *(f"{k}={v}" for k, v in TINY_VIT.items())]
+    argv += ["--data", str(digits), "--img-size", "32", "--mixer", "pure_infsa", "--workers", "0", "--device", "cpu"]
+    argv += ["--no-progress", "--batch-size", "8", "--epochs", "1", "--stages", "attention"]
+    assert cli_main([*argv, "--output", str(tmp_path / "run")]) == 0
+    stage = tmp_path / "run" / "attention"
+    stage.mkdir()
+    stored = yaml.safe_load((tmp_path / "run" / "args.yaml").read_text())  # as a two-stage run's first stage has it
+    (stage / "args.yaml").write_text(yaml.safe_dump({**stored, "stages": "both", "output": str(stage)}))
+    capsys.readouterr()
+    assert cli_main(["distill", "--config", str(stage / "args.yaml"), "--resume", "auto"]) == 2
+    assert f"is the attention-transfer stage of the run in {tmp_path / 'run'}" in capsys.readouterr().err
+    assert not (stage / "attention").exists()
+    own = [*argv[:-2], "--stages", "both", "--output", str(tmp_path / "own" / "attention")]
+    assert cli_main(own) == 0 and cli_main([*own, "--resume", "auto"]) == 0  # a run named attention is a run
 
 
 def test_resume_judges_each_stage_by_its_own_settings_and_follows_a_longer_plan(digits, tmp_path, capsys):
@@ -412,6 +438,8 @@ def test_a_causal_lm_distils_and_its_student_decodes(mixer, text_file, tmp_path)
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
     assert math.isclose(rows[-1]["loss_gap"], 100 * (rows[-1]["val_loss"] / rows[-1]["teacher_val_loss"] - 1))
     assert "sequences_per_second" in rows[-1] and "images_per_second" not in rows[-1]  # token windows, not images
+    card = (tmp_path / "run" / "README.md").read_text()  # the student's card: no classes, loaded by load_run
+    assert "None classes" not in card and "linvit.load_run" in card and "linvit eval" not in card
     reloaded = linvit.load_run(tmp_path / "run")
     ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

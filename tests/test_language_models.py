@@ -447,3 +447,12 @@ def test_converting_a_converted_lm_again_keeps_its_discounts_and_says_so():
         again = linvit.convert(model, "katz_infsa", gamma_init=0.9, window=8)
     assert again.linvit_conversion.gamma_init == 0.5 and "gamma_init 0.5, window 8" in str(again.linvit_conversion)
     assert all(torch.equal(layer.attn.infsa_theta, t) for layer, t in zip(again.transformer.h, trained, strict=True))
+
+
+def test_converting_again_with_another_feature_dim_says_the_maps_keep_theirs():
+    """Like the discounts, the learned maps of a converted LM stay as they are: another size is said to size none."""
+    model = linvit.convert(_gpt2(), "katz_infsa:hedgehog", gamma_init=0.5)
+    head_dim = model.transformer.h[0].attn.infsa_feature_q.feature_dim
+    with pytest.warns(UserWarning, match=rf"feature_dim=4 sizes no map: .* keep theirs \(f = {head_dim}\)"):
+        again = linvit.convert(model, "katz_infsa:hedgehog", feature_dim=4, window=8)
+    assert again.transformer.h[0].attn.infsa_feature_q.feature_dim == head_dim

@@ -216,6 +216,8 @@ def convert(
     if options.get("linear_variant", linear_variant) != linear_variant and linear_variant != "release":
         raise UsageError(f"variant {variant!r} and linear_variant={linear_variant!r} disagree: give one")
     linear_variant = options.get("linear_variant", linear_variant)
+    if linear_variant != "release" and "linear_variant" not in options:  # the report names the form that runs
+        variant = canonical_form(f"{base}:{linear_variant}")
     feature_map = options.get("feature_map")  # None: the variant's own (ReLU; ELU + 1 in causal language models)
     if feature_dim is not None and feature_map not in LEARNED_FEATURE_MAPS:
         learned = ", ".join(f for f in conversion_forms() if f.partition(":")[2] in LEARNED_FEATURE_MAPS)

@@ -14,6 +14,7 @@ other pattern is refused in one line: the state cannot hide an arbitrary set of 
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -109,6 +110,13 @@ def add_feature_maps(modules, feature_map: str | None, feature_dim: int | None) 
         raise UsageError(
             f"causal language models take ELU + 1 features (spec/infsa.md 4.1) or a learned map, got {feature_map!r}: "
             "use katz_infsa, katz_infsa:hedgehog, linear_attention or linear_attention:hedgehog"
+        )
+    kept = [m.infsa_feature_q.feature_dim for _, m in modules if hasattr(m, "infsa_feature_q")]
+    if kept and feature_dim is not None and feature_dim != kept[0]:
+        warnings.warn(
+            f"feature_dim={feature_dim} sizes no map: the layers converted before keep theirs (f = {kept[0]}); "
+            "convert the softmax original for another size",
+            stacklevel=4,  # the caller of linvit.convert
         )
     for _, module in modules:
         if hasattr(module, "infsa_feature_q"):

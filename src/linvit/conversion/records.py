@@ -43,9 +43,14 @@ class ConversionReport:
         return asdict(self)
 
     def __str__(self) -> str:
-        window = f", window {self.window}" if self.window is not None else ""
+        from ..mixers import get_mixer
+
+        settings = (
+            [f"gamma_init {self.gamma_init}"] if get_mixer(self.variant.partition(":")[0], warn=False).discount else []
+        )
+        settings += [f"window {self.window}"] if self.window is not None else []  # a form without a discount: none
         lines = [
-            f"converted {len(self.converted)} attention layers to {self.variant} (gamma_init {self.gamma_init}{window})"
+            f"converted {len(self.converted)} attention layers to {self.variant} ({', '.join(settings) or 'as is'})"
         ]
         lines += [f"  {c.name}: {c.source}, {c.heads} heads, width {c.width}" for c in self.converted]
         if self.skipped:

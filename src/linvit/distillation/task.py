@@ -125,7 +125,7 @@ class DistillConfig(TrainConfig):
             raise UsageError(f"map_lr must be a finite learning rate > 0, got {self.map_lr!r}")
         if self.mixer != AUTO and not self.mixer.endswith(":hedgehog"):
             raise UsageError(f"map_lr: {self.mixer} has no learned feature map (the :hedgehog forms have one)")
-        if self.transfer_loss == "xent":  # the maps alone train: one rate, and --transfer-lr is its flag
+        if self.transfer_loss == "xent" and self.stages != "end-to-end":  # the maps alone train: one rate, its flag
             raise UsageError(
                 "map_lr: with transfer_loss xent only the learned maps train; give their rate as transfer_lr"
             )
@@ -497,6 +497,20 @@ def refuse_other_stages(config: DistillConfig, stored: str | None) -> None:
     )
 
 
+def refuse_a_stage_folder(out: Path) -> None:
+    """OUT/attention of a two-stage run is not a run of its own: its args.yaml holds the stage's settings (its lr is
+    --transfer-lr), and a distill into it would nest a new OUT/attention/attention (found with --config
+    OUT/attention/args.yaml --resume auto). One line naming the run it belongs to."""
+    if out.name != "attention" or not (out / "args.yaml").is_file():
+        return
+    # a two-stage run of its own called attention wrote its args.yaml after its own OUT/attention
+    if run_args(out).get("stages") == "both" and not (out / "attention").is_dir():
+        raise UsageError(
+            f"{out} is the attention-transfer stage of the run in {out.parent}: resume or rerun that run (--output "
+            f"{out.parent}, --config {out.parent / 'args.yaml'})"
+        )
+
+
 def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     """config with the mixer, window and stages its flags left open chosen (distillation.recipe; every rank reads the
     same teacher configuration, and one that cannot read it stops), and a line saying what was chosen, if anything.
@@ -570,6 +584,7 @@ def run_distill(config: DistillConfig) -> nn.Module:
     if config.teacher is None or config.data is None or config.output is None:
         raise UsageError("distill needs a teacher, data and an output folder")
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
+    refuse_a_stage_folder(Path(config.output))
     config, chosen = with_recipe(config)
     notices = (chosen, skipped_stage_settings(config), checkpointing_notice(config), random_teacher_warning(config))
     notices += (

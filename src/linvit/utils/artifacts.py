@@ -117,25 +117,23 @@ def write_model_card(output: Path, config: dict, history: list[dict], command: s
     metric_rows = "\n".join(f"| {k} | {v:.4g} |" for k, v in last.items() if isinstance(v, float))
     conversion = info.get("convert")
     model_line = f"`{info.get('model')}`" + (f", converted to {conversion} with `linvit.convert`" if conversion else "")
-    architecture = config.get("architecture")
-    loading = ""
-    if architecture:
-        loading = "```python\nimport timm\nimport linvit  # registers the models\n\n"
-        loading += f'model = timm.create_model("local-dir:{output}", pretrained=True)\n```\n\n'
+    if info.get("teacher"):  # distillation: the folder holds the student
+        model_line = f"a `{info.get('mixer')}` student of `{info['teacher']}`"
+    classes = config.get("num_classes", info.get("num_classes"))
     kwargs = json.dumps(args.get("model_kwargs", {}))
     card = f"""---
-library_name: {"timm" if architecture else "pytorch"}
+library_name: {"timm" if config.get("architecture") else "pytorch"}
 tags: [linvit, {info.get("task", "image-classification")}]
 license: mit
 ---
-# {info.get("model")} ({info.get("task")}), trained with linvit
+# {_card_title(info)} ({info.get("task")}), trained with linvit
 
 - model: {model_line}; {info.get("parameters", 0):,} parameters; model kwargs `{kwargs}`
-- data: `{args.get("data")}`, {config.get("num_classes", info.get("num_classes"))} classes
+- data: `{args.get("data")}`{"" if classes is None else f", {classes} classes"}
 - weights in model.safetensors: {info.get("weights", "model")}
 - recipe: {args.get("epochs")} epochs, batch {args.get("batch_size")} per process x {info.get("world_size", 1)}, \
 lr {info.get("lr", args.get("lr"))}, weight decay {args.get("weight_decay")}; the full arguments are in args.yaml
-  (`{command} --config args.yaml --output NEW` reruns it)
+  ({_rerun_line(info, args, command)})
 
 ## Final metrics (epoch {last.get("epoch")})
 
@@ -147,8 +145,30 @@ Per-epoch numbers: metrics.jsonl.
 
 ## Use
 
-{loading}```bash
-linvit {"segment eval" if info.get("task") == "segmentation" else "eval"} --checkpoint {output} --data DATA
-```
-"""
+{_use_section(info, config, output)}"""
     atomic_write_text(card, Path(output) / CARD)
+
+
+def _card_title(info: dict) -> str:
+    return f"{info['mixer']} student of {info['teacher']}" if info.get("teacher") else str(info.get("model"))
+
+
+def _rerun_line(info: dict, args: dict, command: str) -> str:
+    """How to train the folder again: a stage of a two-stage distillation is rerun through its whole run."""
+    if info.get("stage") == "attention" and args.get("stages") != "attention":
+        return (
+            f"the first stage of the run in the folder above: `{command} --config ../args.yaml --output NEW` reruns it"
+        )
+    return f"`{command} --config args.yaml --output NEW` reruns it"
+
+
+def _use_section(info: dict, config: dict, output: Path) -> str:
+    """Loading code: timm's for a timm model, linvit.load_run for a language student; then the eval command."""
+    if info.get("language"):
+        return f'```python\nimport linvit\n\nmodel = linvit.load_run("{output}")  # a transformers model\n```\n'
+    loading = ""
+    if config.get("architecture"):
+        loading = "```python\nimport timm\nimport linvit  # registers the models\n\n"
+        loading += f'model = timm.create_model("local-dir:{output}", pretrained=True)\n```\n\n'
+    evaluate = "segment eval" if info.get("task") == "segmentation" else "eval"
+    return f"{loading}```bash\nlinvit {evaluate} --checkpoint {output} --data DATA\n```\n"
