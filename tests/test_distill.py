@@ -177,7 +177,7 @@ def test_a_run_from_before_map_lr_resumed_with_it_is_refused_in_one_line(digits,
     torch.save(state, tmp_path / "last.pth")
     capsys.readouterr()
     assert cli_main([*argv, "--transfer-epochs", "2", "--map-lr", "1e-2", "--resume", "auto"]) == 2
-    assert "--map-lr None -> 0.01" in capsys.readouterr().err
+    assert "--map-lr not given -> 0.01" in capsys.readouterr().err
 
 
 def test_map_lr_scales_the_maps_in_attention_transfer_only():

@@ -132,7 +132,11 @@ def flag_of(field: str, names: Mapping[str, str] | None = None) -> str:
 
 
 def describe_changes(changes: dict[str, tuple[str, str]], names: Mapping[str, str] | None = None) -> str:
-    return ", ".join(f"{flag_of(k, names)} {old} -> {new}" for k, (old, new) in changes.items())
+    return ", ".join(f"{flag_of(k, names)} {_shown(old)} -> {_shown(new)}" for k, (old, new) in changes.items())
+
+
+def _shown(value: str) -> str:
+    return "not given" if value == "None" else value  # a flag left at its None default: what the user typed
 
 
 def check_plan(
