@@ -24,6 +24,7 @@ from linvit.distillation.recipe import IMAGE_MIXER
 from linvit.distillation.task import soft_target_loss, stage_configs
 from linvit.distillation.text import TokenWindows
 from linvit.distillation.transfer import LayerTaps, layer_pairs
+from linvit.errors import UsageError
 from linvit_cli import main as cli_main
 
 PHOTO = Path(sklearn.datasets.__file__).parent / "images" / "china.jpg"  # a real photograph scikit-learn ships
@@ -177,7 +178,7 @@ def test_a_run_from_before_map_lr_resumed_with_it_is_refused_in_one_line(digits,
     torch.save(state, tmp_path / "last.pth")
     capsys.readouterr()
     assert cli_main([*argv, "--transfer-epochs", "2", "--map-lr", "1e-2", "--resume", "auto"]) == 2
-    assert "--map-lr not given -> 0.01" in capsys.readouterr().err
+    assert "--map-lr none -> 0.01" in capsys.readouterr().err
 
 
 def test_map_lr_scales_the_maps_in_attention_transfer_only():
@@ -237,6 +238,50 @@ def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tm
     assert "# pure_infsa student of vit_4l_patch16_224" in card and "10 classes" in card
     stage_card = (tmp_path / "full" / "attention" / "README.md").read_text()
     assert "first stage of the run in the folder above" in stage_card and "--config ../args.yaml" in stage_card
+
+
+@pytest.mark.parametrize(
+    "stages,inner,refused",
+    [("both", False, True), ("both", True, False), ("attention", False, False), ("end-to-end", False, False)],
+)
+def test_only_a_two_stage_runs_first_stage_is_refused_as_a_run(tmp_path, stages, inner, refused):
+    """A folder called attention is a stage folder only when its args.yaml is a two-stage run's and it holds no
+    attention folder of its own; a run of its own called attention resumes (--stages attention / end-to-end, or
+    both once its first stage ran in its own OUT/attention). The message names OUT/args.yaml only once it exists."""
+    from linvit.distillation.task import refuse_a_stage_folder
+
+    out = tmp_path / "run" / "attention"
+    (out / "attention" if inner else out).mkdir(parents=True)
+    (out / "args.yaml").write_text(yaml.safe_dump({"stages": stages, "output": str(out)}))
+    if not refused:
+        refuse_a_stage_folder(out)
+        return
+    with pytest.raises(UsageError, match=r"give your distill command --output .*run \(with --resume auto") as err:
+        refuse_a_stage_folder(out)
+    assert "--config" not in str(err.value)  # OUT/args.yaml is written when the end-to-end stage starts
+    (tmp_path / "run" / "args.yaml").write_text("stages: both\n")
+    with pytest.raises(UsageError, match=r"or --config .*run/args.yaml"):
+        refuse_a_stage_folder(out)
+
+
+def test_an_end_to_end_stage_from_before_map_lr_resumes(tmp_path):
+    """Its OUT/args.yaml has no map_lr: the end-to-end config takes ABSENT_MEANS' stored "None" as None (the string
+    was refused as a rate)."""
+    from linvit.distillation.task import _end_to_end_config
+
+    (tmp_path / "args.yaml").write_text(yaml.safe_dump({"transfer_epochs": 2, "transfer_lr": 2e-3}))
+    (tmp_path / "model.safetensors").write_bytes(b"")  # the end-to-end stage has begun
+    config = DistillConfig(teacher="t", data="d", output=str(tmp_path), mixer="katz_rows:hedgehog", resume="auto")
+    resumed = _end_to_end_config(config)
+    assert resumed.map_lr is None and resumed.transfer_epochs == 2 and resumed.transfer_loss == "mse"
+
+
+def test_the_start_line_names_the_maps_rate_in_attention_transfer_only():
+    from linvit.distillation.task import Distillation
+
+    config = DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows:hedgehog", map_lr=1e-2)
+    assert Distillation("attention")._map_rate(config) == " (learned maps 0.01)"
+    assert Distillation("end-to-end")._map_rate(config) == ""
 
 
 def test_a_stage_folder_is_not_taken_for_a_run(digits, tmp_path, capsys):
@@ -576,3 +621,18 @@ def test_torchrun_runs_both_stages_on_two_processes(digits, tmp_path):
         ]
         assert ranks[0] == ranks[1] and "teacher_val_top1" in ranks[0] and (folder / "model.safetensors").is_file()
     assert linvit.load_run(tmp_path) is not None
+
+
+def test_a_run_card_says_how_to_rerun_and_use_its_folder():
+    """A two-stage run's first stage reruns through the run above it; a --stages attention run is its own run; each
+    task's card names the command that takes its folder (detection and generation were told `linvit eval`)."""
+    from pathlib import Path as P
+
+    from linvit.utils.artifacts import _rerun_line, _use_section
+
+    assert "folder above" in _rerun_line({"stage": "attention"}, {"stages": "both"}, "linvit distill")
+    own = _rerun_line({"stage": "attention"}, {"stages": "attention"}, "linvit distill")
+    assert own == "`linvit distill --config args.yaml --output NEW` reruns it"
+    assert "linvit detect eval --checkpoint runs/d" in _use_section({"task": "detection"}, {}, P("runs/d"))
+    assert "linvit generate sample --checkpoint runs/g" in _use_section({"task": "generation"}, {}, P("runs/g"))
+    assert "linvit eval --checkpoint runs/c --data DATA" in _use_section({"task": "classification"}, {}, P("runs/c"))

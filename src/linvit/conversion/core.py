@@ -8,6 +8,7 @@ skipped (and why) is returned by ``convert_report(model)``.
 from __future__ import annotations
 
 import copy
+import numbers
 import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -203,7 +204,7 @@ def convert(
     given, gamma_init = gamma_init is not None, DEFAULT_GAMMA if gamma_init is None else gamma_init
     if get_mixer(base, warn=False).discount:
         gamma_init = check_gamma_init(gamma_init)
-    elif given and gamma_init != DEFAULT_GAMMA:  # never read: said, not range-checked
+    elif not (isinstance(gamma_init, numbers.Real) and gamma_init == DEFAULT_GAMMA):  # never read: said, not checked
         warnings.warn(f"gamma_init={gamma_init!r} is ignored: {base} has no discount", stacklevel=2)
         gamma_init = 0.9  # what the report and a reloaded model's config then record
     check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)

@@ -505,9 +505,11 @@ def refuse_a_stage_folder(out: Path) -> None:
         return
     # a two-stage run of its own called attention wrote its args.yaml after its own OUT/attention
     if run_args(out).get("stages") == "both" and not (out / "attention").is_dir():
+        whole = out.parent / "args.yaml"  # written when the end-to-end stage starts
+        rerun = f", or --config {whole}" if whole.is_file() else ""
         raise UsageError(
-            f"{out} is the attention-transfer stage of the run in {out.parent}: resume or rerun that run (--output "
-            f"{out.parent}, --config {out.parent / 'args.yaml'})"
+            f"{out} is the attention-transfer stage of the run in {out.parent}: give your distill command --output "
+            f"{out.parent} (with --resume auto it goes on from this stage{rerun})"
         )
 
 

@@ -136,7 +136,7 @@ def describe_changes(changes: dict[str, tuple[str, str]], names: Mapping[str, st
 
 
 def _shown(value: str) -> str:
-    return "not given" if value == "None" else value  # a flag left at its None default: what the user typed
+    return "none" if value == "None" else value  # a field left at None (no --map-lr, --window 0): not Python's word
 
 
 def check_plan(

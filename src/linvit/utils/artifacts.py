@@ -170,5 +170,13 @@ def _use_section(info: dict, config: dict, output: Path) -> str:
     if config.get("architecture"):
         loading = "```python\nimport timm\nimport linvit  # registers the models\n\n"
         loading += f'model = timm.create_model("local-dir:{output}", pretrained=True)\n```\n\n'
-    evaluate = "segment eval" if info.get("task") == "segmentation" else "eval"
-    return f"{loading}```bash\nlinvit {evaluate} --checkpoint {output} --data DATA\n```\n"
+    evaluate = EVAL_COMMANDS.get(info.get("task"), "eval --checkpoint {output} --data DATA").format(output=output)
+    return f"{loading}```bash\nlinvit {evaluate}\n```\n"
+
+
+# the command that scores or uses a task's run folder (classification and distilled image students: linvit eval)
+EVAL_COMMANDS = {
+    "segmentation": "segment eval --checkpoint {output} --data DATA",
+    "detection": "detect eval --checkpoint {output} --data DATA --output EVAL",
+    "generation": "generate sample --checkpoint {output} --output SAMPLES",
+}
