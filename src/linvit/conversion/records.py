@@ -45,13 +45,12 @@ class ConversionReport:
     def __str__(self) -> str:
         from ..mixers import get_mixer
 
-        settings = (
-            [f"gamma_init {self.gamma_init}"] if get_mixer(self.variant.partition(":")[0], warn=False).discount else []
+        discount = get_mixer(self.variant.partition(":")[0], warn=False).discount  # linear attention has none to say
+        settings = ([f"gamma_init {self.gamma_init}"] if discount else []) + (
+            [f"window {self.window}"] if self.window is not None else []
         )
-        settings += [f"window {self.window}"] if self.window is not None else []  # a form without a discount: none
-        lines = [
-            f"converted {len(self.converted)} attention layers to {self.variant} ({', '.join(settings) or 'as is'})"
-        ]
+        said = f" ({', '.join(settings)})" if settings else ""
+        lines = [f"converted {len(self.converted)} attention layers to {self.variant}{said}"]
         lines += [f"  {c.name}: {c.source}, {c.heads} heads, width {c.width}" for c in self.converted]
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)}:")
