@@ -218,7 +218,7 @@ def resume_run(
         for line in (world_line, strategy_change(saved, is_sharded, run.config.strategy)):
             if line:
                 print(line)
-        if new_schedule:
+        if new_schedule and ckpt["epoch"] + 1 < run.config.epochs:  # a finished run's new plan trains nothing
             changes = describe_changes(new_schedule, names)
             print(f"new schedule ({changes}): the learning rate follows it from this epoch on")
     return ckpt["epoch"] + 1, history
