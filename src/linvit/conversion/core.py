@@ -206,7 +206,7 @@ def convert(
         gamma_init = check_gamma_init(gamma_init)
     elif not (isinstance(gamma_init, numbers.Real) and gamma_init == DEFAULT_GAMMA):  # never read: said, not checked
         warnings.warn(f"gamma_init={gamma_init!r} is ignored: {base} has no discount", stacklevel=2)
-        gamma_init = 0.9  # what the report and a reloaded model's config then record
+        gamma_init = DEFAULT_GAMMA  # what the report and a reloaded model's config then record
     check_choice("linear_variant", linear_variant, LINEAR_VARIANTS)
     option = get_mixer(base, warn=False).option
     if linear_variant != "release" and (option is None or option.name != "linear_variant"):

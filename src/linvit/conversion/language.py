@@ -156,7 +156,7 @@ def _add_discounts(model, modules, gamma_init: float | None, report, pre_hook) -
     gamma_init None, has none: the layer is marked infsa_linear_attention), and the hooks that hand each call's
     cache to the attention function."""
     if any(hasattr(module, "infsa_theta") for _, module in modules):
-        _say_kept_discounts(model, report)
+        _keep_first_gamma_init(model, report)
     for name, module in modules:
         heads = int(module.config.num_attention_heads)
         if not hasattr(module, "infsa_theta") and not hasattr(module, "infsa_linear_attention"):
@@ -171,9 +171,9 @@ def _add_discounts(model, modules, gamma_init: float | None, report, pre_hook) -
         report.converted.append(_converted(name, module, heads))
 
 
-def _say_kept_discounts(model, report) -> None:
-    """Converting a converted model again (to add a window, say) keeps its layers' discounts, trained or not: the
-    report records the first conversion's gamma_init (linvit.convert warns where another was given)."""
+def _keep_first_gamma_init(model, report) -> None:
+    """Converting a converted model again (to add a window, say) keeps its layers' discounts, trained or not, so
+    the report records the first conversion's gamma_init (linvit.convert warns where another was given)."""
     previous = getattr(getattr(model, "linvit_conversion", None), "gamma_init", None)
     if previous is not None:
         report.gamma_init = previous
