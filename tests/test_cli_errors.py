@@ -201,9 +201,16 @@ def test_model_kwargs_that_contradict_trains_own_settings_are_one_line(tmp_path,
     again = [*argv, "num_classes=10", "img_size=32", "--output", str(tmp_path / "c"), "--resume", "auto"]
     assert cli_main(again) == 0  # a finished run: says so
     assert "nothing left to train: the run has its 1 epochs" in capsys.readouterr().out
+    folder = tmp_path / "c"
+    before = {name: (folder / name).read_bytes() for name in ("args.yaml", "config.json", "README.md")}
     assert cli_main([*again, "--lr", "5e-4"]) == 0  # a new rate trains nothing: no "follows it from this epoch on"
     out = capsys.readouterr().out
-    assert "nothing left to train" in out and "new schedule" not in out
+    assert "nothing left to train" in out and "new schedule" not in out and "left as it was" in out
+    # ... and the folder keeps the plan that trained it (args.yaml and the card said lr 5e-4 before)
+    assert {name: (folder / name).read_bytes() for name in before} == before
+    (folder / "config.json").unlink()  # stopped after its last epoch, before the model folder: written now
+    assert cli_main(again) == 0
+    assert (folder / "config.json").is_file() and "left as it was" not in capsys.readouterr().out
 
 
 def test_a_coco_file_naming_missing_images(tmp_path, capsys):

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from ..config import TrainConfig
 from ..distributed import all_reduce_sum, barrier, distributed_session
 from ..utils import compile_model, output_dir
-from ..utils.artifacts import WEIGHTS
+from ..utils.artifacts import CONFIG, WEIGHTS
 from ..utils.host import cpu_info
 from ..utils.runtime import seed_everything
 from . import record, sharded_checkpoint, sharding
@@ -63,6 +63,7 @@ class Run:
     eval_net: nn.Module | None = None
     start_epoch: int = 0
     history: list = dataclasses.field(default_factory=list)
+    finished: bool = False  # resumed with nothing left to train, its final model already written: left as it was
 
     def state(self, epoch: int, rngs: list) -> dict:
         return training_state(self, epoch, rngs, self.history)
@@ -191,13 +192,27 @@ def build_run(task: Task, config: TrainConfig, output: Path, rank: int, world: i
     optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr, scales)
     run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)
     run.start_epoch, run.history = resume_run(run, task.unused_settings(config), task.flag_names())
+    run.finished = already_finished(run)
     if rank == 0:
-        record.write_run_config(output, config)
+        if run.finished:
+            print(f"{output} already holds the run's final model: it is left as it was")
+        else:
+            record.write_run_config(output, config)
         print(task.summary(run))
     net = model if sharding.is_sharded(model) else wrap_ddp(model, world, device)
     run.train_net = compile_model(net, config.compile)
     run.eval_net = compile_model(model, config.compile)
     return run
+
+
+def already_finished(run: Run) -> bool:
+    """Whether a resumed run has nothing left to train and its folder holds its final model (weights and
+    config.json). Such a run is left as it was: a new schedule flag trains nothing, so args.yaml and the model
+    card keep the plan that trained it. Taken by every rank (rank 0 looks at the folder)."""
+    if not run.history or run.start_epoch < run.config.epochs:
+        return False
+    written = run.rank == 0 and (run.output / WEIGHTS).is_file() and (run.output / CONFIG).is_file()
+    return all_reduce_sum([float(written)], run.device)[0] > 0
 
 
 def run_epochs(task: Task, run: Run) -> list[dict]:
@@ -231,7 +246,8 @@ def run_epochs(task: Task, run: Run) -> list[dict]:
         barrier()
     if board is not None:
         board.close()
-    finish(task, run, run_info)
+    if not run.finished:
+        finish(task, run, run_info)
     return run.history
 
 
