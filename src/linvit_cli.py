@@ -33,6 +33,7 @@ from linvit_commands import (
     deprecated,
     usage,
 )
+from linvit_help_defaults import HELP_DEFAULTS
 
 __all__ = ["BUILTIN_DIT_MIXERS", "BUILTIN_FORMS", "CONVERT_VARIANTS", "DEVICES", "DIT_MIXERS"]
 __all__ += ["build_parser", "command_defaults", "load_command", "main", "parse_args", "run_command"]
@@ -77,10 +78,13 @@ def _flags(row: Command):
         yield from item.flags if isinstance(item, Group) else (item,)
 
 
-def _add_flag(container, spec: Flag) -> argparse.Action:
-    """One flag, with no default of its own (the config's fills it in after parsing); a renamed flag and its old
-    spelling are a pair: either satisfies required=True, both at once is an error."""
+def _add_flag(container, spec: Flag, shown_default: str | None = None) -> argparse.Action:
+    """One flag, with no default of its own (the config's fills it in after parsing; shown_default: the text its
+    help ends with); a renamed flag and its old spelling are a pair: either satisfies required=True, both at once
+    is an error."""
     kwargs = {"default": argparse.SUPPRESS, **spec.kwargs}
+    if shown_default is not None and "default" not in (kwargs.get("help") or ""):
+        kwargs["help"] = f"{kwargs.get('help') or ''} (default: {shown_default})".lstrip()
     if spec.old is None:
         return container.add_argument(*spec.names, **kwargs)
     group = container.add_mutually_exclusive_group(required=kwargs.pop("required", False))
@@ -91,14 +95,15 @@ def _add_flag(container, spec: Flag) -> argparse.Action:
 
 
 def _add_command(parser: argparse.ArgumentParser, row: Command) -> None:
+    shown = HELP_DEFAULTS.get(row.words, {})  # the config defaults as text (linvit_help_defaults: no torch here)
     for item in row.flags:
         if not isinstance(item, Group):
-            _add_flag(parser, item)
+            _add_flag(parser, item, shown.get(item.dest))
             continue
         group = parser.add_argument_group(item.title) if item.title else parser
         group = group.add_mutually_exclusive_group() if item.exclusive else group
         for spec in item.flags:
-            _add_flag(group, spec)
+            _add_flag(group, spec, shown.get(spec.dest))
     parser.add_argument(
         "--config",
         default=None,
@@ -159,6 +164,26 @@ def command_defaults(row: Command) -> dict:
     fields = {f.name: f for f in dataclasses.fields(load_command(row)[0])}
     defaults = {spec.dest: _field_default(fields[spec.dest]) for spec in _flags(row)}
     return {dest: value for dest, value in defaults.items() if value is not dataclasses.MISSING}
+
+
+def default_as_text(value) -> str | None:
+    """How --help shows a config default: a word or a number as the config has it, "on" for a switch that is on;
+    None (not shown) for none, off, and lists or mappings (their flags' help says what they hold)."""
+    if value is True:
+        return "on"
+    if value is None or value is False or value == "" or not isinstance(value, (str, int, float)):
+        return None
+    return value if isinstance(value, str) else repr(value)
+
+
+def help_defaults() -> dict[str, dict[str, str]]:
+    """{command words: {flag dest: its default as --help shows it}} for every row (imports every config: what
+    scripts/write_help_defaults.py writes to src/linvit_help_defaults.py, which --help reads without torch)."""
+    table = {}
+    for row in COMMANDS:
+        shown = {dest: default_as_text(value) for dest, value in command_defaults(row).items()}
+        table[row.words] = {dest: text for dest, text in sorted(shown.items()) if text is not None}
+    return table
 
 
 def _fill_defaults(args: argparse.Namespace) -> argparse.Namespace:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ import linvit_commands
 from linvit_cli import DEVICES, build_parser
 
 PARSER = build_parser()
+ROOT = Path(__file__).resolve().parent.parent
 LEAVES = sorted(PARSER.commands)
 CLI_ONLY = {"config", "threads", "debug", "func", "command", "dataset", "help"}  # dispatch and process flags
 
@@ -97,6 +99,21 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False  # prose: "lr / 100", "torch's"
     return True
+
+
+def test_help_shows_every_scalar_default_from_a_current_table():
+    """--help reads the defaults from src/linvit_help_defaults.py (no torch); it must be what the configs say now,
+    and a flag whose help says nothing of its default gets the table's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("write_help_defaults", ROOT / "scripts/write_help_defaults.py")
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    assert writer.TARGET.read_text() == writer.render(), "run: python scripts/write_help_defaults.py"
+    train = PARSER.commands[("train",)].format_help()
+    assert "(default: adamw)" in train and "(default: 0.05)" in train and "(default: on)" in train
+    assert linvit_cli.default_as_text(None) is None and linvit_cli.default_as_text([224]) is None
+    assert linvit_cli.default_as_text(1e-05) == "1e-05" and linvit_cli.default_as_text(False) is None
 
 
 def test_the_distill_recipe_flags_show_their_defaults():
