@@ -256,8 +256,9 @@ def _stateful_attention(module, query, key, value, attention_mask, dropout, kwar
     state = slot.state if slot is not None else None
     recurrent = state is not None and q_len == 1
     out, state = forms(query, key, value, recurrent, kernel, state=state, key_mask=keep, resets=resets)
-    if slot is not None:
-        slot.state = type(state)(*(None if t is None else t.detach() for t in state))
+    if slot is not None:  # the cache keeps no graph (a decoding step under no_grad has none to drop: no copies)
+        graph = any(t is not None and t.requires_grad for t in state)
+        slot.state = type(state)(*(None if t is None else t.detach() for t in state)) if graph else state
     # no attention dropout (the model's rate, `dropout`, is not applied): softmax drops attention probabilities,
     # which these O(N) forms never form, and dropping the output rows instead at the same rate cost 0.32 points of
     # the distilled GPT-2's loss gap [0.06, 0.58] (issue 45.6, scripts/lm_dropout.py, docs/distill.md)
