@@ -28,6 +28,7 @@ Each part writes OUT/<part>/summary.json; every run folder is reused when it fin
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -81,19 +82,26 @@ STUDENTS = (*MIXERS, *LEARNED)  # every student of the vision tables, in their o
 # the language students: causal Katz (ELU + 1, and learned maps), pure InfSA, and the anchor, LoLCATs' form
 # (causal linear attention with learned maps), without and with its 64-token sliding window of exact softmax; a
 # student's name -> its mixer and the flags it adds to the recipe ("+transfer": the whole budget on attention
-# transfer, no end-to-end stage)
-WINDOW = ["--window", "64"]
+# transfer, no end-to-end stage). Each names its window and stages: left open, linvit distill picks them for a
+# causal teacher (distillation.recipe: window 64, attention transfer only), which would change these rows.
+NO_WINDOW, WINDOW = ["--window", "0", "--stages", "both"], ["--window", "64", "--stages", "both"]
 LANGUAGE_STUDENTS = {
-    "katz_infsa": ("katz_infsa", []),
-    "pure_infsa": ("pure_infsa", []),
-    "katz_infsa:hedgehog": ("katz_infsa:hedgehog", []),
-    "linear_attention:hedgehog": ("linear_attention:hedgehog", []),
+    "katz_infsa": ("katz_infsa", NO_WINDOW),
+    "pure_infsa": ("pure_infsa", NO_WINDOW),
+    "katz_infsa:hedgehog": ("katz_infsa:hedgehog", NO_WINDOW),
+    "linear_attention:hedgehog": ("linear_attention:hedgehog", NO_WINDOW),
     "katz_infsa:hedgehog+w64": ("katz_infsa:hedgehog", WINDOW),
     "linear_attention:hedgehog+w64": ("linear_attention:hedgehog", WINDOW),
-    "katz_infsa:hedgehog+w64+transfer": ("katz_infsa:hedgehog", [*WINDOW, "--stages", "attention"]),
+    "katz_infsa:hedgehog+w64+transfer": ("katz_infsa:hedgehog", ["--window", "64", "--stages", "attention"]),
 }
 # the long-context part (issue 44.4): a teacher trained at 512 tokens, where the window is an eighth of the context
-LONG_STUDENTS = ("katz_infsa:hedgehog+w64", "linear_attention:hedgehog+w64", "katz_infsa:hedgehog")
+# (the last: linvit distill's default for a causal teacher, --window 64 --stages attention)
+LONG_STUDENTS = (
+    "katz_infsa:hedgehog+w64",
+    "linear_attention:hedgehog+w64",
+    "katz_infsa:hedgehog",
+    "katz_infsa:hedgehog+w64+transfer",
+)
 LANGUAGE_PARTS = {128: "language", 512: "language512"}  # context -> the part's folder under OUT and docs/distill
 
 
@@ -314,7 +322,9 @@ def _vision_runs_summary(out: Path, seeds: list[int], task_name: str) -> dict:
 
 def language_teacher(out: Path, seed: int, lm, context: int = 128) -> Path:
     """The GPT-2 teacher of docs/results.md for this seed (trained once, saved as a Hugging Face folder). At a
-    longer context it sees the same tokens a step: 32 x 128 / context windows."""
+    longer context it sees the same tokens a step (32 x 128 / context windows) and starts from the 128-token
+    teacher (long_context_start): trained from scratch at 512 tokens it stopped at 2.649 nats, far above the
+    128-token teacher's 2.082, and its students beat it."""
     part = out / LANGUAGE_PARTS[context]
     folder = part / f"teacher_s{seed}"
     text_file = part / "text.txt"
@@ -323,20 +333,42 @@ def language_teacher(out: Path, seed: int, lm, context: int = 128) -> Path:
         text_file.parent.mkdir(parents=True, exist_ok=True)
         text_file.write_text(text.decode("utf-8", errors="ignore"), encoding="utf-8")
     if not (folder / "config.json").is_file():
+        short = None if context == 128 else language_teacher(out, seed, lm, 128)
         lm.CONTEXT, lm.BATCH = context, lm_batch(context)  # lm_experiment's module-wide shape
         torch.manual_seed(seed)
         data = torch.tensor(list(text_file.read_text(encoding="utf-8").encode("utf-8")), dtype=torch.long)
         cut = int(len(data) * 0.9)
-        model = lm.tiny_gpt2()
+        model = lm.tiny_gpt2() if short is None else long_context_start(short, context)
         curve = lm.train(model, data[:cut], data[cut:], LM_STEPS, seed, f"teacher s{seed}", LM_STEPS // 4)
         model.save_pretrained(folder)
         (folder / "curve.json").write_text(json.dumps(curve))
     return folder
 
 
+def long_context_start(short: Path, context: int):
+    """The short-context teacher with its learned position table copied end to end up to `context` rows (how
+    Longformer extended RoBERTa's 512 positions): every other weight as trained, the first rows its own."""
+    import transformers
+
+    base = transformers.GPT2LMHeadModel.from_pretrained(short)
+    config = copy.deepcopy(base.config)
+    config.n_positions = context
+    model = transformers.GPT2LMHeadModel(config)
+    state = base.state_dict()
+    table = state["transformer.wpe.weight"]
+    state["transformer.wpe.weight"] = table.repeat(-(-context // len(table)), 1)[:context]
+    model.load_state_dict(state)
+    return model
+
+
 def lm_batch(context: int) -> int:
     """Windows a step: the 128-token part's 32, and the same tokens a step at a longer context."""
     return LM_BATCH * 128 // context
+
+
+def is_transfer_only(flags: list[str]) -> bool:
+    """A language student that spends its whole budget on attention transfer (one stage, in the run itself)."""
+    return flags[flags.index("--stages") + 1] == "attention"
 
 
 def language_stages(out: str, seed: int, teacher: Path, context: int = 128) -> list[Stage]:
@@ -346,7 +378,7 @@ def language_stages(out: str, seed: int, teacher: Path, context: int = 128) -> l
     stages = []
     for student, (mixer, flags) in students.items():
         name = f"distill/{student}/s{seed}"
-        transfer_only = "attention" in flags
+        transfer_only = is_transfer_only(flags)
         epochs = ["--transfer-epochs", "3"] if transfer_only else ["--transfer-epochs", "1", "--epochs", "2"]
         argv = ["distill", "--teacher", f"hf:{teacher}", "--data", f"{part}/text.txt", "--mixer", mixer, *flags]
         argv += ["--context", str(context), "--batch-size", str(batch), "--train-windows", str(windows), *epochs]
@@ -370,7 +402,7 @@ def language_summary(out: Path, seeds: list[int], context: int = 128, published:
             run = part / f"distill/{student}/s{seed}"
             if (run / "model.safetensors").is_file():  # --stages attention writes its one stage to the run itself
                 runs[seed] = last_metrics(run / "metrics.jsonl")
-                first = run if "attention" in flags else run / "attention"
+                first = run if is_transfer_only(flags) else run / "attention"
                 transfer[seed] = last_metrics(first / "metrics.jsonl")["loss_gap"]
         if runs:
             rows.append(
@@ -385,7 +417,10 @@ def language_summary(out: Path, seeds: list[int], context: int = 128, published:
             )
         elif student in earlier:
             rows.append(earlier[student])
-    return {"teacher_steps": LM_STEPS, "context": context, "batch": lm_batch(context), "rows": rows}
+    summary = {"teacher_steps": LM_STEPS, "context": context, "batch": lm_batch(context), "rows": rows}
+    if context != 128:  # language_teacher: it starts from the 128-token teacher's weights (its steps come first)
+        summary["teacher_start"] = {"context": 128, "steps": LM_STEPS}
+    return summary
 
 
 def decode_timing(lengths=(512, 1024, 2048, 4096, 8192), new_tokens: int = 32) -> dict:

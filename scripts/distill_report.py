@@ -23,7 +23,7 @@ LANGUAGE_NAMES = {
 }
 LANGUAGE_PARTS = {
     "language": "the GPT-2 of the section above",
-    "language512": "the same GPT-2 shape and text, trained at 512 tokens of context",
+    "language512": "the same GPT-2 shape and text at 512 tokens of context",
 }
 ANCHOR = "linear_attention:hedgehog"  # the field's form that Katz's students are judged against (issue 44)
 SHORT_NAMES = {
@@ -240,9 +240,19 @@ def _method_at(row: dict) -> str:
 
 def language_table(language: dict, teacher: str) -> str:
     context, batch = language.get("context", 128), language.get("batch", 32)
+    steps, start = language["teacher_steps"], language.get("teacher_start")
+    trained = f"{steps} steps of {batch} windows of {context} bytes"
+    if start:  # scripts/distill_experiment.py's long_context_start
+        trained = (
+            f"the {start['context']}-token teacher ({start['steps']} steps) with its learned position table copied "
+            f"to {context} rows (Longformer's extension), then {trained} (the same bytes a step); students distil it "
+            f"in 10% of these {steps} steps, {10 * steps / (steps + start['steps']):.0f}% of all its steps"
+        )
+    else:
+        trained += "; students distil it in 10% of its steps"
     lines = [
-        f"Teacher: {teacher}, {language['teacher_steps']} steps of {batch} windows of {context} bytes; students distil "
-        "it in 10% of its steps (1/3 attention transfer, 2/3 end to end; `attention transfer only`: all of them). "
+        f"Teacher: {teacher}, {trained} (1/3 attention transfer, 2/3 end to end; `attention transfer only`: all "
+        "of them). "
         "Loss in nats per byte on the validation text; loss gap: the student's loss above the teacher's (%), means "
         "over distillation seeds with 95% intervals; `after transfer`: the gap at the end of attention transfer.",
         "",

@@ -118,3 +118,18 @@ def test_the_window_probe_carries_the_katz_series_of_the_per_query_normalised_op
     a = a / (a.sum(-1, keepdim=True) + 1e-6)
     expected = katz_kernel(a, gamma.double()) @ v.double()
     torch.testing.assert_close(probe.row_katz(fq, fk, v, gamma, 1e-6).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_every_language_student_names_its_window_and_stages(scripts, tmp_path):
+    """linvit distill picks a window and the stages for a causal teacher when they are left open
+    (distillation.recipe), so a student that left them open would change its row when a pick changes (the
+    no-window students of the 512-token table got window 64 and attention transfer alone after the default came)."""
+    experiment, _ = scripts
+    for context in experiment.LANGUAGE_PARTS:
+        stages = experiment.language_stages(str(tmp_path), 0, tmp_path / "teacher", context)
+        assert len(stages) == (len(experiment.LANGUAGE_STUDENTS) if context == 128 else len(experiment.LONG_STUDENTS))
+        for stage in stages:
+            argv = stage.argv
+            window, kind = argv[argv.index("--window") + 1], argv[argv.index("--stages") + 1]
+            assert window == ("64" if "+w64" in stage.info["mixer"] else "0"), stage.name
+            assert kind == ("attention" if stage.info["mixer"].endswith("+transfer") else "both"), stage.name
