@@ -192,3 +192,30 @@ def test_numbered_wds_classes_that_differ_between_splits_say_how_to_name_them(fo
     assert "\n" not in error and "10 vs 9 classes" in error and "classes.txt" in error, error
     (shards / "classes.txt").write_text("\n".join(str(i) for i in range(10)))
     assert _train(f"wds:{shards}", tmp_path / "named")[-1]["epoch"] == 1
+
+
+def test_a_class_folder_reads_transparent_and_16_bit_pictures_as_predict_does(tmp_path):
+    """Training and evaluation folders read each file as predict and explain do (data.images.read_rgb): a digit
+    drawn in the alpha channel over transparent red was a solid red square through ImageFolder's convert("RGB"),
+    and a 16-bit picture was clipped to white."""
+    import numpy as np
+    from PIL import Image
+
+    from linvit.data.folder import SafeImageFolder
+    from linvit.data.images import read_rgb
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    alpha = np.zeros((12, 12), np.uint8)
+    alpha[3:9, 5:7] = 255  # a stroke: opaque red inside, transparent red around it
+    rgba = np.dstack([np.full((12, 12), 255, np.uint8), np.zeros((12, 12, 2), np.uint8), alpha])
+    Image.fromarray(rgba).save(tmp_path / "a/stroke.png")
+    ramp = (np.arange(144, dtype=np.uint16).reshape(12, 12) * 455).astype(np.uint16)
+    Image.fromarray(ramp).save(tmp_path / "b/ramp.png")
+    folder = SafeImageFolder(tmp_path)
+    for index, (path, _) in enumerate(folder.samples):
+        image = np.asarray(folder.decode(index))
+        assert np.array_equal(image, np.asarray(read_rgb(path))), path
+    stroke, ramp_read = (np.asarray(folder.decode(i)) for i in range(2))
+    assert (stroke[0, 0] == 255).all() and tuple(stroke[5, 5]) == (255, 0, 0)  # white around a red stroke
+    assert ramp_read.min() == 0 and 0 < np.median(ramp_read) < 255  # not clipped to white

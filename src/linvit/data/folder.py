@@ -17,6 +17,7 @@ from torch.utils.data import default_collate
 from torchvision.datasets import ImageFolder
 
 from ..errors import UsageError
+from .images import load_rgb
 
 # what PIL raises for truncated, corrupt or foreign files (UnidentifiedImageError is an OSError)
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
@@ -65,7 +66,7 @@ class SafeImageFolder(UnreadableItems, ImageFolder):
         if not root.is_dir():
             raise UsageError(f"{root}: split folder not found")
         try:
-            super().__init__(str(root), transform=transform, allow_empty=False)
+            super().__init__(str(root), transform=transform, loader=load_rgb, allow_empty=False)
         except FileNotFoundError as err:
             raise UsageError(f"{root}: empty split ({err})") from err
         self.unreadable = unreadable

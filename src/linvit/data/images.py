@@ -50,8 +50,7 @@ def read_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Im
                     f"{path}: {image.width} x {image.height} is {image.width * image.height:,} pixels, above "
                     f"--max-pixels {max_pixels:,}; raise it if you mean to read this image"
                 )
-            image = ImageOps.exif_transpose(image)
-            return _to_rgb(image)
+            return upright_rgb(image)
     except UsageError:
         raise
     except (OSError, SyntaxError, ValueError) as err:
@@ -60,7 +59,21 @@ def read_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Im
         Image.MAX_IMAGE_PIXELS = pil_guard
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
+def load_rgb(path: str | Path) -> Image.Image:
+    """The picture at path as read_rgb reads it, with PIL's own checks and errors (what a dataset's decode
+    catches): the training and evaluation folders read each file as predict and explain do."""
+    with Image.open(path) as image:
+        return upright_rgb(image)
+
+
+def upright_rgb(image: Image.Image) -> Image.Image:
+    """EXIF orientation applied, then to_rgb."""
+    return to_rgb(ImageOps.exif_transpose(image))
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB: 16-bit, 32-bit and float greyscale scaled to 0..255, transparency composited on white (a plain
+    convert("RGB") clips 16-bit values to white and drops the alpha channel, whatever the colour under it)."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit, 32-bit or float greyscale: scale to 0..255
         values = np.asarray(image, dtype=np.float64)
         top = 65535.0 if image.mode.startswith("I;16") or values.max() > 255 else 255.0

@@ -22,6 +22,7 @@ from pycocotools.coco import COCO
 from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
+from ..data.images import to_rgb
 from ..errors import UsageError
 
 
@@ -113,7 +114,7 @@ class CocoDetection(Dataset):
     def __getitem__(self, index: int):
         image_id = self.ids[index]
         info = self.coco.imgs[image_id]
-        image = pil_to_tensor(Image.open(self.images / info["file_name"]).convert("RGB")).float() / 255
+        image = pil_to_tensor(to_rgb(Image.open(self.images / info["file_name"]))).float() / 255
         anns = self.kept[image_id]
         target = {
             "boxes": torch.tensor([box for _, box in anns], dtype=torch.float32).reshape(-1, 4),

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
+from ..data.images import to_rgb
 from ..errors import UsageError
 
 IGNORE = 255
@@ -125,7 +126,7 @@ class SegmentationDataset(Dataset):
 
     def __getitem__(self, index: int):
         image_path, mask_path = self.split.pairs[index]
-        image = Image.open(image_path).convert("RGB")
+        image = to_rgb(Image.open(image_path))  # transparency and 16-bit as every loader reads them
         labels = np.array(Image.open(mask_path))
         if labels.ndim != 2:
             raise UsageError(f"{mask_path}: label maps must be single-channel (mode L or P), got shape {labels.shape}")
