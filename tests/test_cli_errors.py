@@ -380,3 +380,19 @@ def test_a_bad_flag_is_one_line_that_names_it_and_the_help(argv, phrase, capsys)
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert phrase in err and err.strip().endswith("--help)"), err
+
+
+def test_a_checkpoint_of_another_shape_is_one_line_in_eval_and_export(data, tmp_path, capsys):
+    """eval with --model naming the family but not the run's patch size, and export of a run folder with
+    --model-kwargs that build another model, were load_state_dict tracebacks (new-user trial)."""
+    run = tmp_path / "run"
+    argv = ["train", "--model", "linear_infvit_tiny_patch16_224", "--data", str(data), "--img-size", "32"]
+    argv += ["--model-kwargs", "patch_size=8", "depth=2", "--epochs", "1", "--batch-size", "10", "--workers", "0"]
+    assert cli_main([*argv, "--no-progress", "--output", str(run)]) == 0
+    capsys.readouterr()
+    evaluate = ["eval", "--data", str(data), "--model", "linear_infvit_tiny_patch16_224", "--workers", "0"]
+    for checkpoint in (run, run / "model.safetensors"):
+        phrases = ("does not fit InfViT", "patch_embed.proj.weight is (192, 3, 8, 8) there", "leave --model out")
+        _fails_cleanly([*evaluate, "--checkpoint", str(checkpoint)], capsys, *phrases)
+    export = ["export", "--model", str(run), "--model-kwargs", "depth=3", "--output", str(tmp_path / "m.onnx")]
+    _fails_cleanly(export, capsys, "do not fit the model --model-kwargs", "leave --model-kwargs out")

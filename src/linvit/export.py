@@ -77,7 +77,16 @@ def load_export_model(spec: str, model_kwargs: dict, img_size: tuple[int, int] |
                 f"{folder}: {what}; export takes timm classifiers (classification runs and timm students); "
                 "load it with linvit.load_run and torch.onnx.export it"
             )
-        model = timm.create_model(f"local-dir:{folder}", pretrained=True, **model_kwargs)  # = linvit.load_run
+        try:
+            model = timm.create_model(f"local-dir:{folder}", pretrained=True, **model_kwargs)  # = linvit.load_run
+        except RuntimeError as err:  # load_state_dict: the kwargs built another model than the run's
+            if not model_kwargs or "loading state_dict" not in str(err):
+                raise
+            detail = " ".join(str(err).split())[:200]
+            raise UsageError(
+                f"{folder}: its weights do not fit the model --model-kwargs {model_kwargs} builds ({detail}...); a run "
+                "folder builds its own model: leave --model-kwargs out"
+            ) from err
         model.label_names = config.get("label_names")  # an .onnx file stores them (predict's labels)
         return model, config["architecture"], True
     if Path(spec).exists():

@@ -44,6 +44,7 @@ def apply_weights(model: nn.Module, state: dict, path: Path) -> None:
     if isinstance(model, WeightFormer):
         state = weightformer.checkpoint_filter_fn(state, model)  # official layouts, with clear errors
     check_num_classes(model, state, path)
+    check_shapes(model, state, path)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise UsageError(
@@ -59,6 +60,22 @@ def check_num_classes(model: nn.Module, state: dict, path) -> None:
     key = f"{name}.weight" if name else None
     if key and key in state and isinstance(head, nn.Linear) and state[key].shape[0] != head.out_features:
         raise UsageError(f"{path}: checkpoint has {state[key].shape[0]} classes, the data has {head.out_features}")
+
+
+def check_shapes(model: nn.Module, state: dict, path) -> None:
+    """Raise a one-line error when a tensor of the checkpoint has another shape than the model's (a model built
+    with another patch size, image size or width: load_state_dict's error is a traceback)."""
+    own = model.state_dict()
+    wrong = [k for k, v in state.items() if k in own and hasattr(v, "shape") and v.shape != own[k].shape]
+    if wrong:
+        first = wrong[0]
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise UsageError(
+            f"{path}: checkpoint does not fit {type(model).__name__}: {first} is {tuple(state[first].shape)} there, "
+            f"{tuple(own[first].shape)} in the model{more}; it was built with other settings (patch, image size, "
+            "width): for a run folder leave --model out, else give the --model-kwargs and --img-size it was trained "
+            "with"
+        )
 
 
 def load_backbone(backbone: nn.Module, path: str | Path) -> None:
