@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -396,3 +397,18 @@ def test_a_checkpoint_of_another_shape_is_one_line_in_eval_and_export(data, tmp_
         _fails_cleanly([*evaluate, "--checkpoint", str(checkpoint)], capsys, *phrases)
     export = ["export", "--model", str(run), "--model-kwargs", "depth=3", "--output", str(tmp_path / "m.onnx")]
     _fails_cleanly(export, capsys, "do not fit the model --model-kwargs", "leave --model-kwargs out")
+
+
+def test_a_small_batch_schedule_decays_and_a_warm_up_as_long_as_the_run_is_said(tmp_path, capsys):
+    """train's fixed --min-lr 1e-5 sat above the lr a batch of 8 scales to (5e-4 x 8 / 512 = 7.8e-6): the cosine
+    "decay" rose epoch by epoch; and a run shorter than its warm-up never reached its lr, silently (new-user trial)."""
+    argv = ["train", "--model", "vit_4l_patch16_224", "--data", "digits:digit,length=24", "--img-size", "32"]
+    argv += ["--model-kwargs", "depth=1", "embed_dim=32", "num_heads=2", "patch_size=8", "--batch-size", "8"]
+    argv += ["--workers", "0", "--no-progress", "--epochs", "3"]
+    assert cli_main([*argv, "--warmup-epochs", "0", "--output", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "note: --min-lr 1e-05 is above the learning rate 7.81e-06: the schedule uses 1/100 of it" in out
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "a/metrics.jsonl").read_text().splitlines()]
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] < lrs[0] / 10, lrs  # it decays
+    assert cli_main([*argv, "--output", str(tmp_path / "b")]) == 0  # train's default warm-up: 5 epochs
+    assert "note: --warmup-epochs 5 >= --epochs 3: the run ends in warm-up" in capsys.readouterr().out

@@ -25,7 +25,7 @@ from ..utils.artifacts import CONFIG, WEIGHTS
 from ..utils.host import cpu_info
 from ..utils.runtime import seed_everything
 from . import record, sharded_checkpoint, sharding
-from .recipe import train_loader, training_recipe, wrap_ddp
+from .recipe import schedule_notes, train_loader, training_recipe, wrap_ddp
 from .resume import extra_state, resume_run, training_state
 from .steps import train_pass
 
@@ -199,6 +199,8 @@ def build_run(task: Task, config: TrainConfig, output: Path, rank: int, world: i
         else:
             record.write_run_config(output, config)
         print(task.summary(run))
+        for note in schedule_notes(config, lr, task.flag_names().get("epochs", "--epochs")):
+            print(f"note: {note}")
     net = model if sharding.is_sharded(model) else wrap_ddp(model, world, device)
     run.train_net = compile_model(net, config.compile)
     run.eval_net = compile_model(model, config.compile)

@@ -18,25 +18,50 @@ def training_recipe(
     model: nn.Module, config: TrainConfig, updates_per_epoch: int, device: torch.device, lr=None, lr_scales=None
 ):
     """(optimizer, scheduler, scaler): config.opt (default AdamW) through timm (no decay on norms, biases,
-    position embeddings, InfSA discounts), cosine per iteration to config.min_lr (default lr/100) after a
-    warm-up from config.warmup_lr (default lr/1000), fp16 gradient scaling. lr defaults to config.lr;
+    position embeddings, InfSA discounts), cosine per iteration to config.min_lr after a warm-up from
+    config.warmup_lr (as schedule_ends takes them), fp16 gradient scaling. lr defaults to config.lr;
     lr_scales ({parameter: factor}) puts those parameters in groups of their own at factor x every lr."""
     lr = config.lr if lr is None else lr
     optimizer = create_optimizer_v2(model, opt=config.opt, lr=lr, weight_decay=config.weight_decay)
     if lr_scales:
         split_by_lr_scale(optimizer, lr_scales)  # before the scheduler, which reads every group's lr and lr_scale
+    warmup_lr, min_lr = schedule_ends(config, lr)
     scheduler, _ = create_scheduler_v2(
         optimizer,
         sched="cosine",
         num_epochs=config.epochs,
         warmup_epochs=config.warmup_epochs,
-        warmup_lr=lr * 1e-3 if config.warmup_lr is None else config.warmup_lr,
-        min_lr=lr * 1e-2 if config.min_lr is None else config.min_lr,
+        warmup_lr=warmup_lr,
+        min_lr=min_lr,
         step_on_epochs=False,
         updates_per_epoch=updates_per_epoch,
     )
     scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
     return optimizer, scheduler, scaler
+
+
+def schedule_ends(config: TrainConfig, lr: float) -> tuple[float, float]:
+    """(warm-up start, cosine end): the config's, or lr / 1000 and lr / 100 where it has none or where its
+    value is above lr (train's fixed 1e-6 and 1e-5 under the lr a small batch scales to: the "decay" would rise
+    to its end); schedule_notes says so."""
+    warmup = lr * 1e-3 if config.warmup_lr is None or config.warmup_lr > lr else config.warmup_lr
+    end = lr * 1e-2 if config.min_lr is None or config.min_lr > lr else config.min_lr
+    return warmup, end
+
+
+def schedule_notes(config: TrainConfig, lr: float, epochs_flag: str = "--epochs") -> list[str]:
+    """One line for each thing of the schedule a user would not expect: an end or start above the peak (taken
+    as a fraction of lr instead) and a warm-up as long as the run (it never reaches its peak)."""
+    notes = []
+    for flag, value, share in (("--warmup-lr", config.warmup_lr, "1/1000"), ("--min-lr", config.min_lr, "1/100")):
+        if value is not None and value > lr:
+            notes.append(f"{flag} {value:g} is above the learning rate {lr:.3g}: the schedule uses {share} of it")
+    if config.warmup_epochs >= config.epochs:
+        notes.append(
+            f"--warmup-epochs {config.warmup_epochs} >= {epochs_flag} {config.epochs}: the run ends in warm-up, "
+            f"below its learning rate {lr:.3g}"
+        )
+    return notes
 
 
 def split_by_lr_scale(optimizer: torch.optim.Optimizer, lr_scales: dict[nn.Parameter, float]) -> None:
