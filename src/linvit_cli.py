@@ -312,7 +312,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if leaf is None:
             parser.error("--config goes after the command, e.g. `linvit train --config run.yaml`")
         _apply_config(leaf, config)
-    return _fill_defaults(parser.parse_args(argv))
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's own parser: "linvit train: error: ... (see linvit train --help)"
+        leaf = parser.commands.get(tuple(argv[:2])) or parser.commands.get(tuple(argv[:1])) or parser
+        leaf.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return _fill_defaults(args)
 
 
 def run_command(argv: list[str]) -> None:

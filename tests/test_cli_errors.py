@@ -369,7 +369,9 @@ def test_a_missing_run_folder_is_named_missing_not_a_hub_id(tmp_path, monkeypatc
     [
         (["bench", "--runtime", "onnx", "--output", "x"], "argument --runtime: invalid choice: 'onnx'"),
         (["predict", "x.jpg", "--amp", "fp8"], "argument --amp: invalid choice: 'fp8'"),
-        (["models", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["models", "--no-such-flag"], "linvit models: error: unrecognized arguments: --no-such-flag"),
+        (["train", "--bogus-flag", *"--data d --model m --output o".split()], "linvit train: error: unrecognized"),
+        (["data", "digits", "--bogus", "--output", "o"], "linvit data digits: error: unrecognized arguments: --bogus"),
         ([], "the following arguments are required: command"),
     ],
 )
