@@ -414,3 +414,15 @@ def test_a_small_batch_schedule_decays_and_a_warm_up_as_long_as_the_run_is_said(
     assert lrs == sorted(lrs, reverse=True) and lrs[-1] < lrs[0] / 10, lrs  # it decays
     assert cli_main([*argv, "--output", str(tmp_path / "b")]) == 0  # train's default warm-up: 5 epochs
     assert "note: --warmup-epochs 5 >= --epochs 3: the run ends in warm-up" in capsys.readouterr().out
+
+
+def test_train_and_val_classes_that_differ_are_named(tmp_path, capsys):
+    """'train and val classes differ: 2 vs 2 classes' did not say which (a typo in one folder name)."""
+    from PIL import Image
+
+    for split, names in (("train", ("a", "single")), ("val", ("a", "sngl"))):
+        for name in names:
+            (tmp_path / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(tmp_path / split / name / "x.png")
+    argv = ["train", "--model", "vit_4l_patch16_224", "--data", str(tmp_path), "--output", str(tmp_path / "run")]
+    _fails_cleanly(argv, capsys, "only in train ['single'], only in val ['sngl']")

@@ -44,7 +44,12 @@ def build_datasets(config: ClassifyConfig, model: nn.Module) -> tuple[Dataset, D
             if getattr(train, "names_classes", True)
             else "; numbered classes end at a split's highest label: name them (classes.txt, a ClassLabel)"
         )
-        raise UsageError(f"train and val classes differ: {len(train.classes)} vs {len(val.classes)} classes{hint}")
+        only_train = [c for c in train.classes if c not in val.classes][:3]
+        only_val = [c for c in val.classes if c not in train.classes][:3]
+        which = f"only in train {only_train}, only in val {only_val}" if only_train or only_val else "another order"
+        raise UsageError(
+            f"train and val classes differ ({which}): {len(train.classes)} vs {len(val.classes)} classes{hint}"
+        )
     return train, val, data_config
 
 
