@@ -426,3 +426,25 @@ def test_train_and_val_classes_that_differ_are_named(tmp_path, capsys):
             Image.new("RGB", (8, 8)).save(tmp_path / split / name / "x.png")
     argv = ["train", "--model", "vit_4l_patch16_224", "--data", str(tmp_path), "--output", str(tmp_path / "run")]
     _fails_cleanly(argv, capsys, "only in train ['single'], only in val ['sngl']")
+
+
+def test_an_exported_pytorch_graph_given_to_eval_or_predict_is_one_line(tmp_path, capsys):
+    """A TorchScript .pt gave torch.load's advice to retry with weights_only=False, a .pt2 'not a linvit run
+    folder' (new-user trial); weights saved with torch.save still load as weights."""
+    import torch
+    from PIL import Image
+
+    from linvit.weights import refuse_exported_graph
+
+    module = torch.nn.Linear(2, 2)
+    torch.jit.script(module).save(str(tmp_path / "m.pt"))
+    torch.export.save(torch.export.export(module, (torch.zeros(1, 2),)), str(tmp_path / "m.pt2"))
+    torch.save(module.state_dict(), tmp_path / "weights.pt")
+    refuse_exported_graph(tmp_path / "weights.pt")  # weights: no error
+    Image.new("RGB", (8, 8)).save(tmp_path / "x.png")
+    for name, kind in (("m.pt", "a TorchScript graph"), ("m.pt2", "a torch.export graph")):
+        graph = str(tmp_path / name)
+        _fails_cleanly(["eval", "--data", "digits:digit", "--checkpoint", graph], capsys, kind, "torch.jit.load")
+        argv = ["eval", "--data", "digits:digit", "--checkpoint", graph, "--model", "vit_4l_patch16_224"]
+        _fails_cleanly(argv, capsys, kind)
+        _fails_cleanly(["predict", str(tmp_path), "--checkpoint", graph], capsys, kind)

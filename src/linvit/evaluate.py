@@ -18,7 +18,14 @@ from .engine import eval_loader
 from .errors import UsageError
 from .utils import compile_model
 from .utils.paths import write_json
-from .weights import create_for_checkpoint, height_width, load_and_convert, run_model_args, use_run_folder
+from .weights import (
+    create_for_checkpoint,
+    height_width,
+    load_and_convert,
+    refuse_exported_graph,
+    run_model_args,
+    use_run_folder,
+)
 
 
 def class_count(data: str, split: str) -> int:
@@ -71,6 +78,7 @@ def run_eval(config: EvalConfig) -> dict:
     """`linvit eval`: evaluate a checkpoint on one split and print / save the metrics."""
     if str(config.checkpoint or "").lower().endswith(".onnx"):  # an exported graph: onnxruntime, not PyTorch
         return evaluate_onnx(config)
+    refuse_exported_graph(config.checkpoint)  # else "--model is required", or torch.load's weights_only advice
     with distributed_session(config.device) as (rank, world, device):
         config, run = use_run_folder(config)
         num_classes = class_count(config.data, config.split)

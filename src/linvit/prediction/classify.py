@@ -138,10 +138,11 @@ class PredictConfig(Config):
 def load_model(config: PredictConfig) -> nn.Module:
     """checkpoint RUN (a run folder) or model NAME [checkpoint WEIGHTS]."""
     from ..runs import load_run
-    from ..weights import create_for_checkpoint, load_weights
+    from ..weights import create_for_checkpoint, load_weights, refuse_exported_graph
 
     if str(config.checkpoint or "").lower().endswith(".onnx"):
         return exported_classifier(config)
+    refuse_exported_graph(config.checkpoint)
     if config.model is None:
         if not config.checkpoint:
             raise UsageError("give --checkpoint RUN (a run folder) or --model NAME")

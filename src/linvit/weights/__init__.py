@@ -13,7 +13,7 @@ Hub ids need nothing here: ``hf-hub:ORG/REPO`` names and the PUBLISHED WeightFor
 (linvit.models._cfg) load through timm's own pretrained path, in linvit.models.create_model.
 """
 
-from .files import EMA_KEYS, foreign_file_kind, read_file, read_weights, unwrap_state_dict
+from .files import EMA_KEYS, foreign_file_kind, read_file, read_weights, refuse_exported_graph, unwrap_state_dict
 from .load import (
     apply_weights,
     check_num_classes,
@@ -51,6 +51,7 @@ __all__ = [
     "read_file",
     "read_run_config",
     "read_weights",
+    "refuse_exported_graph",
     "run_args",
     "run_model_args",
     "saved_weights_kind",

@@ -4,6 +4,7 @@ another kind (a picture, a text file) named as what it is rather than reported a
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ def read_file(path: str | Path) -> dict:
     try:
         raw = load_safetensors(str(path)) if safetensors else torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - unpickling refusals, corrupt files
+        refuse_exported_graph(path)
         kind = foreign_file_kind(path, safetensors)
         if kind is not None:
             expected = "a safetensors file" if safetensors else "a PyTorch checkpoint (torch.save)"
@@ -73,6 +75,25 @@ def unwrap_state_dict(checkpoint: dict) -> dict:
             checkpoint = checkpoint[key]
             break
     return {k.removeprefix("module."): v for k, v in checkpoint.items()}
+
+
+def refuse_exported_graph(path: str | Path | None) -> None:
+    """A one-line error for a graph `linvit export` wrote for PyTorch (.pt2 from torch.export, TorchScript .pt /
+    .ts): eval and predict take run folders, weights and .onnx exports (torch.load of TorchScript asks for
+    weights_only=False, and a .pt2 is not a run folder: both misleading)."""
+    if path is None or not Path(path).is_file():
+        return
+    path = Path(path)
+    kind = "a torch.export graph (.pt2)" if path.suffix.lower() == ".pt2" else None
+    if kind is None and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            if any("/code/" in name or name.endswith("/constants.pkl") for name in archive.namelist()):
+                kind = "a TorchScript graph"
+    if kind is not None:
+        raise UsageError(
+            f"{path}: {kind}, not weights: eval and predict run .onnx exports (`linvit export --output m.onnx`), "
+            "run folders and weight files; load this one with torch.export.load or torch.jit.load"
+        )
 
 
 def foreign_file_kind(path: Path, safetensors: bool) -> str | None:
