@@ -191,10 +191,12 @@ def run_predict(config: PredictConfig) -> list[dict]:
             file=sys.stderr,
         )
     records, batch = [], config.batch_size
-    for start in tqdm(range(0, len(paths), batch), desc="predict", unit="batch", disable=not config.progress):
+    bar = tqdm(total=len(paths), desc="predict", unit="image", disable=not config.progress)  # as --help says
+    for start in range(0, len(paths), batch):
         chunk = paths[start : start + batch]
         kept, pictures, tensors, seconds = read_pictures(chunk, model, img_size, config.native, max_pixels)
         if not kept:
+            bar.update(len(chunk))
             continue
         if maps is None:  # the pictures are needed again only to draw maps on; at 8K each is 200 MB
             pictures = [None] * len(kept)
@@ -210,6 +212,8 @@ def run_predict(config: PredictConfig) -> list[dict]:
             records.append(record)
             top = out["topk"][0]
             tqdm.write(f"{path}: {top['label']} ({top['prob']:.3f})" + _rest(out["topk"][1:]))  # above the bar
+        bar.update(len(chunk))
+    bar.close()
     report_skipped(len(paths) - len(records), len(paths))
     if config.output:
         write_jsonl(config.output, records)
