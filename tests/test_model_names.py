@@ -52,7 +52,9 @@ def test_local_dir_models_build_with_variants(tmp_path):
     "spec, match",
     [
         ("vit_4l_patch16_224:navie", "unknown variant 'navie'"),
-        ("no_such_model", "unknown model 'no_such_model'"),
+        ("no_such_model", r"unknown model 'no_such_model' \(see `linvit models` or timm.list_models\(\)\)$"),
+        ("infvit_tiny", "did you mean infvit_tiny_patch16_224[?]$"),  # the name without its suffix
+        ("linear_infvit_tiny_patch16_244", "did you mean linear_infvit_tiny_patch16_224"),  # a typo
         ("org/repo", "hf-hub:org/repo"),
         ("local-dir:/does/not/exist", "not found"),
     ],

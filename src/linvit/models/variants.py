@@ -16,6 +16,7 @@ The suffix selects an implementation of the same weights, so a benchmark compare
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 import timm
@@ -64,7 +65,17 @@ def check_model_name(name: str) -> None:
     if source == "local-dir" and not Path(model).is_dir():
         raise UsageError(f"{name}: folder {model!r} not found")
     if source is None and not is_model(split_model_name_tag(model)[0]):
-        raise UsageError(f"unknown model {name!r} (see `linvit models` or timm.list_models())")
+        hint = ", ".join(similar_models(split_model_name_tag(model)[0]))
+        hint = f"; did you mean {hint}?" if hint else ""
+        raise UsageError(f"unknown model {name!r} (see `linvit models` or timm.list_models()){hint}")
+
+
+def similar_models(name: str, count: int = 3) -> list[str]:
+    """Registered names a typo probably meant: the ones that start with it (a name without its patch and size
+    suffix), else the closest spellings."""
+    names = timm.list_models()
+    started = [m for m in names if m.startswith(name)]
+    return started[:count] if started else difflib.get_close_matches(name, names, n=count, cutoff=0.75)
 
 
 def apply_variant(model: nn.Module, variant: str | None) -> nn.Module:
