@@ -219,3 +219,17 @@ def test_a_class_folder_reads_transparent_and_16_bit_pictures_as_predict_does(tm
     stroke, ramp_read = (np.asarray(folder.decode(i)) for i in range(2))
     assert (stroke[0, 0] == 255).all() and tuple(stroke[5, 5]) == (255, 0, 0)  # white around a red stroke
     assert ramp_read.min() == 0 and 0 < np.median(ramp_read) < 255  # not clipped to white
+
+
+def test_a_missing_split_folder_says_what_the_data_folder_holds(tmp_path):
+    """--data DATA/train looked for DATA/train/train and said only 'split folder not found' (new-user trial)."""
+    from linvit.data.folder import SafeImageFolder
+
+    for split in ("train", "val"):
+        (tmp_path / split / "a").mkdir(parents=True)
+    with pytest.raises(UsageError, match=f"--data names a split: give the folder that holds it, {tmp_path}$"):
+        SafeImageFolder(tmp_path / "train" / "train")
+    with pytest.raises(UsageError, match=r"the folder holds train, val: DATA/<split>/<class>/\*"):
+        SafeImageFolder(tmp_path / "valid")
+    with pytest.raises(UsageError, match="split folder not found$"):
+        SafeImageFolder(tmp_path / "train" / "a" / "train")

@@ -64,7 +64,7 @@ class SafeImageFolder(UnreadableItems, ImageFolder):
         check_unreadable(unreadable)
         root = Path(root)
         if not root.is_dir():
-            raise UsageError(f"{root}: split folder not found")
+            raise UsageError(f"{root}: split folder not found{_split_hint(root)}")
         try:
             super().__init__(str(root), transform=transform, loader=load_rgb, allow_empty=False)
         except FileNotFoundError as err:
@@ -82,6 +82,18 @@ class SafeImageFolder(UnreadableItems, ImageFolder):
 
     def target(self, index: int) -> int:
         return self.samples[index][1]
+
+
+def _split_hint(missing: Path) -> str:
+    """What the data folder probably meant: --data named a split itself (DATA/train/train), or holds the classes
+    directly (no split folders)."""
+    data = missing.parent
+    if data.name == missing.name or (data.parent / missing.name).is_dir():
+        return f"; --data names a split: give the folder that holds it, {data.parent}"
+    if data.is_dir() and any(child.is_dir() for child in data.iterdir()):
+        splits = ", ".join(sorted(child.name for child in data.iterdir() if child.is_dir())[:4])
+        return f" (the folder holds {splits}: DATA/<split>/<class>/*, or --train-split / --val-split)"
+    return ""
 
 
 def collate_images(batch: list) -> tuple[torch.Tensor, torch.Tensor, int] | None:
