@@ -6,7 +6,7 @@ teachers' steps: 99.3 against 96.0% on `digit`, 100.1 against 92.4% on `max`, 96
 64 tokens); Katz-InfSA with per-query normalised rows (katz_rows) ties it on `digit` and `max` and stays 1.2
 points below it at 64 tokens, so the anchor stays. Causal language models get Katz-InfSA with learned maps,
 linvit's infinite-hop form, which ties the measured best, the anchor's LoLCATs form, with the window below at 128
-and 512 tokens (1.76 against 1.75%, -0.21 against -0.21% loss gap). The pick does not depend on --strategy; a
+and 512 tokens (1.76 against 1.75%, 1.57 against 1.60% loss gap). The pick does not depend on --strategy; a
 resumed run keeps the recipe its folder stored (stored_recipe).
 
 Causal language-model teachers with a stateful O(N) student form (causal Katz-InfSA, linear attention) get
