@@ -214,6 +214,30 @@ def test_model_kwargs_that_contradict_trains_own_settings_are_one_line(tmp_path,
     assert (folder / "config.json").is_file() and "left as it was" not in capsys.readouterr().out
 
 
+def test_a_run_stopped_before_its_model_folder_writes_it_over_an_earlier_epochs(tmp_path, capsys, monkeypatch):
+    """A finished 1-epoch run continued to 2 epochs and stopped after epoch 2's checkpoint, before its model
+    folder: the folder still holds epoch 1's model, so resuming writes epoch 2's (it was left as it was)."""
+    import importlib
+
+    fit = importlib.import_module("linvit.engine.fit")
+
+    argv = ["train", "--model", "vit_4l_patch16_224", "--data", "digits:digit,length=20", "--workers", "0"]
+    argv += ["--batch-size", "10", "--no-progress", "--img-size", "32", "--output", str(tmp_path), "--resume", "auto"]
+    argv += ["--model-kwargs", "depth=1", "embed_dim=32", "num_heads=2", "patch_size=8", "--warmup-epochs", "0"]
+    assert cli_main([*argv, "--epochs", "1"]) == 0
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fit, "finish", stopped)
+    assert cli_main([*argv, "--epochs", "2"]) == 130
+    monkeypatch.undo()
+    assert fit.final_model_epoch(tmp_path) == 0  # epoch 1's model, epoch 2's checkpoint
+    capsys.readouterr()
+    assert cli_main([*argv, "--epochs", "2"]) == 0
+    assert "left as it was" not in capsys.readouterr().out and fit.final_model_epoch(tmp_path) == 1
+
+
 def test_a_coco_file_naming_missing_images(tmp_path, capsys):
     import json
 

@@ -199,7 +199,8 @@ def build_run(task: Task, config: TrainConfig, output: Path, rank: int, world: i
         else:
             record.write_run_config(output, config)
         print(task.summary(run))
-        for note in schedule_notes(config, lr, task.flag_names().get("epochs", "--epochs")):
+        notes = [] if run.history else schedule_notes(config, lr, task.flag_names().get("epochs", "--epochs"))
+        for note in notes:  # a resumed run's schedule was said when it started (or comes from its checkpoint)
             print(f"note: {note}")
     net = model if sharding.is_sharded(model) else wrap_ddp(model, world, device)
     run.train_net = compile_model(net, config.compile)
@@ -213,8 +214,19 @@ def already_finished(run: Run) -> bool:
     card keep the plan that trained it. Taken by every rank (rank 0 looks at the folder)."""
     if not run.history or run.start_epoch < run.config.epochs:
         return False
-    written = run.rank == 0 and (run.output / WEIGHTS).is_file() and (run.output / CONFIG).is_file()
+    written = run.rank == 0 and final_model_epoch(run.output) == run.history[-1]["epoch"]
     return all_reduce_sum([float(written)], run.device)[0] > 0
+
+
+def final_model_epoch(output: Path) -> int | None:
+    """The epoch whose model the folder's final model is (config.json's linvit.final), None without one: a run
+    stopped after a later epoch's checkpoint, before its model folder, still holds an earlier final model."""
+    if not (output / WEIGHTS).is_file() or not (output / CONFIG).is_file():
+        return None
+    try:
+        return json.loads((output / CONFIG).read_text())["linvit"]["final"]["epoch"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def run_epochs(task: Task, run: Run) -> list[dict]:
