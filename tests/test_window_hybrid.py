@@ -462,17 +462,14 @@ def test_the_decode_state_of_a_model_is_the_same_size_at_256_and_1024_tokens():
 
 @pytest.mark.parametrize("window", [None, 4])
 def test_a_cache_filled_with_gradients_on_keeps_no_graph(window):
-    """Training with a cache detaches the state it keeps (no graph held across steps); a decoding step under
-    no_grad, which stores its state without the detach calls, keeps none either."""
+    """Training with a cache detaches the state it keeps (no graph held across steps): the detach calls are
+    skipped only where no state tensor requires grad (a decoding step under no_grad)."""
     transformers = pytest.importorskip("transformers")
     model = _model("gpt2", "katz_infsa:hedgehog", window=window).train()
     cache = transformers.DynamicCache(config=model.config)
     model(torch.randint(1, VOCAB, (2, 12)), cache=cache, use_cache=True).logits.sum().backward()
     states = [t for layer in cache.layers for t in layer.state if t is not None]
     assert states and not any(t.requires_grad or t.grad_fn is not None for t in states)
-    with torch.no_grad():
-        model(torch.randint(1, VOCAB, (2, 1)), cache=cache, use_cache=True)
-    assert not any(t.requires_grad for layer in cache.layers for t in layer.state if t is not None)
 
 
 def test_gradients_reach_the_learned_maps_of_a_windowed_model():

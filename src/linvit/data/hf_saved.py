@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from .folder import DECODE_ERRORS, UnreadableItems, check_unreadable
-from .images import to_rgb
+from .images import upright_rgb
 
 SPLIT_ALIASES = {"val": "validation"}
 
@@ -91,7 +91,7 @@ class HFSavedSplit(UnreadableItems):
 
     def decode(self, index: int):
         try:
-            return to_rgb(self.table[index]["image"])
+            return upright_rgb(self.table[index]["image"])
         except DECODE_ERRORS as err:
             warnings.warn(f"unreadable image at row {index} of {self.root}: {err}", stacklevel=2)
             return None

@@ -19,7 +19,7 @@ from PIL import Image
 
 from ..errors import UsageError
 from .folder import DECODE_ERRORS, UnreadableItems, check_unreadable
-from .images import to_rgb
+from .images import upright_rgb
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "tif", "tiff")
 CLASS_NAMES_FILE = "classes.txt"  # optional, one class name per line in label order
@@ -108,7 +108,7 @@ class WebDatasetSplit(UnreadableItems):
         member = self.samples[index][0]
         try:
             with Image.open(io.BytesIO(read_member(member))) as image:
-                return to_rgb(image)
+                return upright_rgb(image)
         except DECODE_ERRORS as err:
             warnings.warn(f"unreadable image at byte {member.offset} of {member.shard}: {err}", stacklevel=2)
             return None

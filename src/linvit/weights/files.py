@@ -79,8 +79,8 @@ def unwrap_state_dict(checkpoint: dict) -> dict:
 
 def refuse_exported_graph(path: str | Path | None) -> None:
     """A one-line error for a graph `linvit export` wrote for PyTorch (.pt2 from torch.export, TorchScript .pt /
-    .ts): eval and predict take run folders, weights and .onnx exports (torch.load of TorchScript asks for
-    weights_only=False, and a .pt2 is not a run folder: both misleading)."""
+    .ts) where weights are read: torch.load of TorchScript asks for weights_only=False, and a .pt2 is not a run
+    folder, both misleading."""
     if path is None or not Path(path).is_file():
         return
     path = Path(path)
@@ -91,8 +91,8 @@ def refuse_exported_graph(path: str | Path | None) -> None:
                 kind = "a TorchScript graph"
     if kind is not None:
         raise UsageError(
-            f"{path}: {kind}, not weights: eval and predict run .onnx exports (`linvit export --output m.onnx`), "
-            "run folders and weight files; load this one with torch.export.load or torch.jit.load"
+            f"{path}: {kind}, not weights: give a run folder or a weights file (eval and predict also take an .onnx "
+            "export); load this one with torch.export.load or torch.jit.load"
         )
 
 

@@ -72,9 +72,8 @@ def check_shapes(model: nn.Module, state: dict, path) -> None:
         more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
         raise UsageError(
             f"{path}: checkpoint does not fit {type(model).__name__}: {first} is {tuple(state[first].shape)} there, "
-            f"{tuple(own[first].shape)} in the model{more}; it was built with other settings (patch, image size, "
-            "width): for a run folder leave --model out, else give the --model-kwargs and --img-size it was trained "
-            "with"
+            f"{tuple(own[first].shape)} in the model{more}: it was built with other settings (patch, image size, "
+            "width); build the model as it was trained (a run folder rebuilds its own: give the folder, no --model)"
         )
 
 
