@@ -102,6 +102,7 @@ LONG_STUDENTS = (
     "katz_infsa:hedgehog",
     "katz_infsa:hedgehog+w64+transfer",
 )
+START = "start.json"  # in a longer-context teacher's folder: the teacher it started from (language_teacher)
 LANGUAGE_PARTS = {128: "language", 512: "language512"}  # context -> the part's folder under OUT and docs/distill
 
 
@@ -342,6 +343,8 @@ def language_teacher(out: Path, seed: int, lm, context: int = 128) -> Path:
         curve = lm.train(model, data[:cut], data[cut:], LM_STEPS, seed, f"teacher s{seed}", LM_STEPS // 4)
         model.save_pretrained(folder)
         (folder / "curve.json").write_text(json.dumps(curve))
+        if short is not None:  # what language_summary reports: the teacher's own record, not today's code
+            (folder / START).write_text(json.dumps({"context": 128, "steps": LM_STEPS, "from": str(short)}))
     return folder
 
 
@@ -385,7 +388,8 @@ def language_stages(out: str, seed: int, teacher: Path, context: int = 128) -> l
         argv += ["--seed", str(seed), "--output", f"{part}/{name}"]
         argv += ["--workers", "0", "--device", "cpu", "--resume", "auto", "--no-progress"]
         info = {"mixer": student, "seed": seed}
-        stages.append(Stage(name, argv, [f"{name}/model.safetensors", f"{name}/metrics.jsonl"], 120, info))
+        outputs = [f"{name}/model.safetensors", f"{name}/metrics.jsonl"]
+        stages.append(Stage(name, argv, outputs, 120, info, inputs=[f"{teacher.name}/model.safetensors"]))
     return stages
 
 
@@ -418,8 +422,11 @@ def language_summary(out: Path, seeds: list[int], context: int = 128, published:
         elif student in earlier:
             rows.append(earlier[student])
     summary = {"teacher_steps": LM_STEPS, "context": context, "batch": lm_batch(context), "rows": rows}
-    if context != 128:  # language_teacher: it starts from the 128-token teacher's weights (its steps come first)
-        summary["teacher_start"] = {"context": 128, "steps": LM_STEPS}
+    start = part / "teacher_s0" / START  # language_teacher: started from the 128-token teacher's weights
+    if start.is_file():
+        summary["teacher_start"] = {k: v for k, v in json.loads(start.read_text()).items() if k != "from"}
+    elif context != 128 and published is not None and published.is_file():
+        summary.update({k: v for k, v in json.loads(published.read_text()).items() if k == "teacher_start"})
     return summary
 
 
