@@ -305,7 +305,12 @@ def fit(lr_help: str = "learning rate", epochs_help: str | None = None) -> Group
 def image_data(model_required: bool = True) -> tuple:
     """train and eval: an ImageNet-layout folder, the model, its input size, the runtime."""
     return (
-        flag("--data", required=True, help="root of an ImageNet-layout folder (DIR/<split>/<class>/*)"),
+        flag(
+            "--data",
+            required=True,
+            help="an ImageNet-layout folder (DIR/<split>/<class>/*), digits:TASK[,...] (drawn digits), wds:SHARDS "
+            "or hfds:SAVED (docs/classification.md, Data)",
+        ),
         model(MODEL_HELP if model_required else MODEL_HELP + FROM_RUN, required=model_required),
         flag("--img-size", type=POSITIVE, help="input side (default: the model's)"),
         flag("--crop-pct", type=RATE, help="eval centre-crop fraction (default: the model's)"),
