@@ -563,8 +563,8 @@ COMMANDS = (
         flag(
             "--stages",
             choices=["auto", "both", "attention", "end-to-end"],
-            help="attention transfer (OUT/attention), then end to end (OUT); auto: attention transfer only for a "
-            "windowed language student (as measured), both otherwise",
+            help="both: attention transfer (OUT/attention), then end to end (OUT); one stage alone writes OUT; auto: "
+            "attention transfer only for a windowed language student (as measured), both otherwise",
         ),
         flag("--transfer-epochs", type=POSITIVE, help="epochs of attention transfer (default: 1)"),
         flag("--transfer-lr", type=RATE, help="learning rate of attention transfer (default: 1e-3)"),
