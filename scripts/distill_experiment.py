@@ -412,6 +412,7 @@ def language_summary(out: Path, seeds: list[int], context: int = 128, published:
             rows.append(
                 {
                     "mixer": student,
+                    "seeds": list(runs),
                     "val_loss": mean_interval([r["val_loss"] for r in runs.values()]),
                     "teacher_val_loss": mean_interval([r["teacher_val_loss"] for r in runs.values()]),
                     "loss_gap": mean_interval([r["loss_gap"] for r in runs.values()]),

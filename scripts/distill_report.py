@@ -265,7 +265,27 @@ def language_table(language: dict, teacher: str) -> str:
             f"| {LANGUAGE_NAMES[r['mixer']]} | {r['steps']} | {_interval(r['val_loss'], 3)} "
             f"| {_interval(r['teacher_val_loss'], 3)} | {_interval(r['loss_gap'], 2)} | {transfer} |"
         )
-    return "\n".join(lines)
+    paired = _language_pairs(language["rows"])
+    return "\n".join([*lines, *(["", paired] if paired else [])])
+
+
+# (first, second): the windowed rows compared seed by seed, where both were run with their seeds recorded
+LANGUAGE_PAIRS = (
+    ("katz_infsa:hedgehog+w64", "linear_attention:hedgehog+w64"),
+    ("katz_infsa:hedgehog+w64+transfer", "katz_infsa:hedgehog+w64"),
+    ("katz_infsa:hedgehog+w64+transfer", "linear_attention:hedgehog+w64"),
+)
+
+
+def _language_pairs(rows: list[dict]) -> str:
+    """One line of paired loss-gap differences (the same teacher, seed by seed) between the windowed students."""
+    by_mixer = {r["mixer"]: r for r in rows if "seeds" in r}
+    found = []
+    for a, b in LANGUAGE_PAIRS:
+        if a in by_mixer and b in by_mixer:
+            difference = _paired(by_mixer[a], by_mixer[b], "loss_gap")
+            found.append(f"{LANGUAGE_NAMES[a]} minus {LANGUAGE_NAMES[b]} {_interval(difference, 3, signed=True)}")
+    return "Paired over seeds (loss gap, points, 95% intervals): " + "; ".join(found) + "." if found else ""
 
 
 def timing_table(timing: dict) -> str:
