@@ -339,6 +339,14 @@ def test_export_of_a_run_folder_at_another_size_checks_against_the_run(tmp_path,
         torch.testing.assert_close(program(x), trained(x), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("dynamic_batch, said", [(True, ", batch 1 and 3"), (False, ", batch 1")])
+def test_export_says_the_batch_sizes_it_checked(tmp_path, capsys, dynamic_batch, said):
+    args = ["export", "--model", "linear_infvit_tiny_patch16_224", "--model-kwargs", "depth=1", "--img-size", "32"]
+    args += ["--output", str(tmp_path / "m.pt2")] + (["--dynamic-batch"] if dynamic_batch else [])
+    assert cli_main(args) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(said)
+
+
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
 def test_dynamic_size_file_refuses_the_sizes_the_command_refuses(fmt, tmp_path, capsys):
     if fmt == "onnx":

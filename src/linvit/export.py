@@ -336,7 +336,9 @@ def write_int8(out: Path, reference: nn.Module, example: torch.Tensor) -> dict:
 def _print_summary(summary: dict, fmt: str, step: int | None, out: Path) -> None:
     diff, sizes = summary["max_abs_diff"], summary["sizes_checked"]
     print(f"{summary['model']} -> {out} ({fmt}, {out.stat().st_size / 2**20:.1f} MiB); max abs diff {diff:.2e}")
-    print(f"accepts {summary['accepted_sizes']}; checked at " + ", ".join(f"{h} x {w}" for h, w in sizes))
+    batches = " and ".join(map(str, summary["batches_checked"]))
+    checked = ", ".join(f"{h} x {w}" for h, w in sizes)
+    print(f"accepts {summary['accepted_sizes']}; checked at {checked}, batch {batches}")
     if step is not None:
         print(f"other sizes: {REFUSAL[fmt]}")
     if fmt == "torchscript":
