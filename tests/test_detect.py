@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -267,3 +268,33 @@ def test_bench_measures_the_whole_detector_at_the_coco_aspect():
     assert record["status"] == "ok" and record["tokens"] == (64 // 8) * (107 // 8)  # 64 x 107 (1333 / 800)
     with pytest.raises(ValueError, match="inference only"):
         measure({**spec, "mode": "train"})
+
+
+def _rotated_coco(tmp_path, annotated: tuple[int, int]):
+    """One picture stored 50 x 30 whose EXIF orientation (6) turns it to 30 x 50, annotated at `annotated`."""
+    from PIL import Image
+
+    ann_file = _coco(tmp_path, [_ann(1, [2, 30, 10, 10])], [{"id": 1, "file_name": "a.jpg", "width": 50, "height": 30}])
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    pixels = np.full((30, 50, 3), 220, np.uint8)
+    pixels[:, :25] = 20  # dark left half as stored: the top half upright
+    Image.fromarray(pixels).save(tmp_path / "a.jpg", exif=exif, quality=100)
+    data = json.loads(ann_file.read_text())
+    data["images"][0].update(width=annotated[0], height=annotated[1])
+    ann_file.write_text(json.dumps(data))
+    return CocoDetection(tmp_path, ann_file, hflip=0)
+
+
+def test_coco_pictures_are_read_upright_as_predict_reads_them(tmp_path):
+    image, target = _rotated_coco(tmp_path, annotated=(30, 50))[0]
+    assert image.shape == (3, 50, 30)
+    assert image[:, :25].mean() < image[:, 25:].mean()  # the dark half on top
+    assert target["boxes"].tolist() == [[2.0, 30.0, 12.0, 40.0]]  # inside the upright picture, not clipped
+
+
+def test_coco_annotations_on_a_rotated_pictures_stored_pixels_or_another_size_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"stored 50 x 30 pixels, but its EXIF orientation turns it to 30 x 50"):
+        _rotated_coco(tmp_path, annotated=(50, 30))[0]
+    with pytest.raises(ValueError, match=r"annotations say 60 x 30 pixels, the file holds 30 x 50"):
+        _rotated_coco(tmp_path, annotated=(60, 30))[0]

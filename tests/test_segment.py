@@ -383,3 +383,31 @@ def test_all_ignored_batch_contributes_zero_loss():
     labels[0, 1, 2], labels[1, 3, 5] = 3, 0
     expected = F.cross_entropy(logits, labels, ignore_index=IGNORE)
     torch.testing.assert_close(pixel_cross_entropy(logits, labels, IGNORE), expected)
+
+
+def _phone_photo(path, stored=(40, 24)):
+    """A picture stored landscape whose EXIF orientation (6) turns it portrait: left half dark, right half light
+    as stored, so upright its top half is dark."""
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    pixels = np.full((stored[1], stored[0], 3), 220, np.uint8)
+    pixels[:, : stored[0] // 2] = 20
+    Image.fromarray(pixels).save(path, exif=exif, quality=100)
+
+
+def test_segmentation_reads_pictures_upright_as_predict_does(tmp_path):
+    _fake_ade(tmp_path)
+    image_path, mask_path = find_split(tmp_path, "val").pairs[0]
+    _phone_photo(image_path)  # stored 40 x 24, upright 24 x 40
+    Image.fromarray(np.zeros((40, 24), np.uint8)).save(mask_path)  # labelled upright
+    image, labels = SegmentationDataset(find_split(tmp_path, "val"), EvalTransform())[0]
+    assert image.shape[-2:] == labels.shape == (40, 24)
+    assert image[:, :20, :].mean() < image[:, 20:, :].mean()  # upright: the dark half on top
+
+
+def test_a_label_map_made_on_the_stored_pixels_of_a_rotated_picture_is_named(tmp_path):
+    _fake_ade(tmp_path)
+    image_path, mask_path = find_split(tmp_path, "val").pairs[0]
+    _phone_photo(image_path, stored=(40, 24))  # its label map (24 rows, 40 columns) fits the stored pixels
+    with pytest.raises(ValueError, match=r"fits the file's stored 40 x 24 pixels.*turns it to 24 x 40"):
+        SegmentationDataset(find_split(tmp_path, "val"), EvalTransform())[0]

@@ -66,6 +66,22 @@ def load_rgb(path: str | Path) -> Image.Image:
         return upright_rgb(image)
 
 
+def load_rgb_and_stored_size(path: str | Path) -> tuple[Image.Image, tuple[int, int]]:
+    """load_rgb's picture and the (width, height) its file stores before EXIF orientation: where annotations
+    (boxes, label maps) disagree with the upright size, the stored one says whether they were made on it."""
+    with Image.open(path) as image:
+        return upright_rgb(image), image.size
+
+
+def exif_rotation_error(what: str, path: str | Path, stored: tuple[int, int], upright: tuple[int, int]) -> str:
+    """The error where annotations fit a picture's stored pixels and not its upright ones (an EXIF rotation)."""
+    return (
+        f"{path}: {what} fits the file's stored {stored[0]} x {stored[1]} pixels, but its EXIF orientation turns it "
+        f"to {upright[0]} x {upright[1]}, and linvit reads pictures upright (as predict does, and detectron2 and "
+        "OpenCV): save the picture upright (PIL.ImageOps.exif_transpose) or drop its orientation tag"
+    )
+
+
 def upright_rgb(image: Image.Image) -> Image.Image:
     """EXIF orientation applied, then to_rgb."""
     return to_rgb(ImageOps.exif_transpose(image))

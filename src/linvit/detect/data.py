@@ -22,7 +22,7 @@ from pycocotools.coco import COCO
 from torch.utils.data import Dataset
 from torchvision.transforms.functional import pil_to_tensor
 
-from ..data.images import to_rgb
+from ..data.images import exif_rotation_error, load_rgb_and_stored_size
 from ..errors import UsageError
 
 
@@ -114,7 +114,7 @@ class CocoDetection(Dataset):
     def __getitem__(self, index: int):
         image_id = self.ids[index]
         info = self.coco.imgs[image_id]
-        image = pil_to_tensor(to_rgb(Image.open(self.images / info["file_name"]))).float() / 255
+        image = pil_to_tensor(self._upright(info)).float() / 255
         anns = self.kept[image_id]
         target = {
             "boxes": torch.tensor([box for _, box in anns], dtype=torch.float32).reshape(-1, 4),
@@ -130,6 +130,20 @@ class CocoDetection(Dataset):
         if self.train and self.hflip > 0 and random.random() < self.hflip:
             image, target = _hflip(image, target)
         return image, target
+
+    def _upright(self, info: dict) -> Image.Image:
+        """The picture upright (EXIF), as predict reads it, where its annotated size is the upright one."""
+        path = self.images / info["file_name"]
+        image, stored = load_rgb_and_stored_size(path)
+        annotated = (info["width"], info["height"])
+        if image.size != annotated:
+            if stored == annotated:
+                raise UsageError(exif_rotation_error("its annotation (width, height)", path, stored, image.size))
+            raise UsageError(
+                f"{path}: the annotations say {annotated[0]} x {annotated[1]} pixels, the file holds "
+                f"{image.size[0]} x {image.size[1]}: boxes would land in the wrong place"
+            )
+        return image
 
 
 def _hflip(image: torch.Tensor, target: dict) -> tuple[torch.Tensor, dict]:

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, ImageOps
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from ..data.images import to_rgb
+from ..data.images import exif_rotation_error, load_rgb_and_stored_size
 from ..errors import UsageError
 
 IGNORE = 255
@@ -126,11 +126,14 @@ class SegmentationDataset(Dataset):
 
     def __getitem__(self, index: int):
         image_path, mask_path = self.split.pairs[index]
-        image = to_rgb(Image.open(image_path))  # transparency and 16-bit as every loader reads them
-        labels = np.array(Image.open(mask_path))
+        image, stored = load_rgb_and_stored_size(image_path)  # upright, as predict reads it
+        with Image.open(mask_path) as mask:
+            labels = np.array(ImageOps.exif_transpose(mask))  # a label map's own tag too (detectron2's reading)
         if labels.ndim != 2:
             raise UsageError(f"{mask_path}: label maps must be single-channel (mode L or P), got shape {labels.shape}")
         if labels.shape != (image.height, image.width):
+            if labels.shape == stored[::-1]:
+                raise UsageError(exif_rotation_error(f"its label map {mask_path.name}", image_path, stored, image.size))
             raise UsageError(f"{mask_path}: label map {labels.shape} does not match image {image.height}x{image.width}")
         labels = labels.astype(np.int64)
         if self.split.reduce_zero_label:
