@@ -44,6 +44,7 @@ DOC = ROOT / "docs" / "results.md"
 BEGIN, END = "<!-- recipe-sweep:begin -->", "<!-- recipe-sweep:end -->"
 TASK, BUDGET, BASE = "digit64", 0.10, "distill_transfer_xent"  # the recipe varied: Katz's, with mse+xent
 FORMS = {"katz_rows:hedgehog": "`katz_rows`, `hedgehog` maps", "linear_attention:hedgehog": "`adala` (the anchor)"}
+ANCHOR = "linear_attention:hedgehog"
 # name -> (what it changes, the flags added to the recipe's; the last of a repeated flag wins)
 SWEEP = {
     "transfer_lr_1e-3": ("attention transfer at lr 1e-3 (not 2e-3)", ["--transfer-lr", "1e-3"]),
@@ -67,6 +68,12 @@ SWEEP = {
     # sets how much weight the hops past the first get (the anchor is the first hop alone, row-normalised)
     "gamma_0.25": ("first discount 0.25 (not 0.5): hops past the first weigh less", ["--gamma-init", "0.25"]),
     "gamma_0.1": ("first discount 0.1 (not 0.5): little weight past the first hop", ["--gamma-init", "0.1"]),
+    # the anchor is katz_rows' gamma -> 0 limit (outputs within 5e-4 of it at 0.01, float64): the same form run
+    # next to the anchor, so whatever gap remains at 0.01 is not the hops' (training noise, or the code)
+    "gamma_0.01": (
+        "first discount 0.01 (not 0.5): the anchor's limit, hops past the first ~1%",
+        ["--gamma-init", "0.01"],
+    ),
     # the end-to-end stage's loss (the teacher's logits, KL at temperature 1): ViT-AdaLA's feature alignment, the
     # labels, a softer target
     "feature_weight_1": ("end to end also fits each layer's output (--feature-weight 1)", ["--feature-weight", "1"]),
@@ -117,9 +124,21 @@ def summary(out: Path) -> dict:
                     "val_top1": list(val.values()),
                     "retention": mean_interval(list(retention.values())),
                     "vs_recipe": None if name == "recipe" else paired_difference(val, paired),
+                    "vs_anchor": _vs_anchor(part, teachers, mixer, name, val),
                 }
             )
     return {"task": TASK, "budget": BUDGET, "teachers": teachers, "rows": rows}
+
+
+def _vs_anchor(part: Path, teachers: dict, mixer: str, variant: str, val: dict) -> dict | None:
+    """val against the anchor's run of the same variant, seed by seed (a discount variant: the anchor's recipe,
+    which has no discount to change); None for the anchor itself or a variant it did not run."""
+    if mixer == ANCHOR:
+        return None
+    same = "recipe" if variant == "recipe" or variant.startswith("gamma_") else variant
+    folder = f"{BASE}/{ANCHOR}/b{BUDGET:g}" if same == "recipe" else f"sweep/{same}/{ANCHOR}"
+    anchor = finished_top1s(part, folder, teachers)
+    return paired_difference(val, anchor) if set(val) & set(anchor) else None
 
 
 def table(data: dict) -> str:
@@ -132,17 +151,19 @@ def table(data: dict) -> str:
         "every other row changes one thing of it (one row joins two, and says so). Retention: mean over the seeds "
         "run, with its 95% interval where "
         "there are several; `vs recipe`: the change of val top-1 against the recipe's own run of each seed "
-        "(points, paired).",
+        "(points, paired); `vs the anchor`: the same against the anchor form's run of each seed with the same "
+        "change (its recipe for a first discount, which it does not have).",
         "",
-        "| student | variant | seeds | val top-1 per seed | retention (%) | vs recipe (points) |",
-        "|---|---|---|---|---|---|",
+        "| student | variant | seeds | val top-1 per seed | retention (%) | vs recipe (points) "
+        "| vs the anchor (points, paired) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in data["rows"]:
         what = "recipe" if row["variant"] == "recipe" else SWEEP[row["variant"]][0]
         values = ", ".join(f"{v:.1f}" for v in row["val_top1"])
         lines.append(
             f"| {FORMS[row['form']]} | {what} | {len(row['seeds'])} | {values} | {_interval(row['retention'])} "
-            f"| {_interval(row['vs_recipe'], signed=True)} |"
+            f"| {_interval(row['vs_recipe'], signed=True)} | {_interval(row.get('vs_anchor'), signed=True)} |"
         )
     return "\n".join(lines)
 

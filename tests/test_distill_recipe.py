@@ -218,6 +218,17 @@ def test_the_committed_recipe_sweep_table_is_generated_from_the_committed_json(m
         own = dict(zip(row["seeds"], row["val_top1"], strict=True))
         differences = [own[s] - recipes[row["form"]][s] for s in own]
         assert row["vs_recipe"]["mean"] == pytest.approx(sum(differences) / len(differences))
+    anchors = {r["variant"]: dict(zip(r["seeds"], r["val_top1"], strict=True)) for r in data["rows"]
+               if r["form"] == sweep.ANCHOR}  # fmt: skip
+    for row in data["rows"]:  # paired with the anchor's run of the same change; a discount: the anchor's recipe
+        same = "recipe" if row["variant"].startswith("gamma_") else row["variant"]
+        if row["form"] == sweep.ANCHOR or same not in anchors:
+            assert row["vs_anchor"] is None
+            continue
+        own = dict(zip(row["seeds"], row["val_top1"], strict=True))
+        differences = [own[s] - anchors[same][s] for s in own]
+        assert row["vs_anchor"]["mean"] == pytest.approx(sum(differences) / len(differences))
+    assert any(r["vs_anchor"] for r in data["rows"] if r["variant"].startswith("gamma_"))
 
 
 def test_a_sweep_over_fewer_seeds_does_not_shrink_the_committed_table(monkeypatch, tmp_path):
