@@ -347,12 +347,23 @@ def _weight_flags(argv: list[str] | None) -> str:
     return f"give a weights file ({', '.join(found)}) or a run folder instead" if found else "give a run folder instead"
 
 
+def _offline_if_hub_unresolvable(argv: list[str] | None) -> None:
+    """huggingface_hub offline before a command that may download weights (--pretrained, a pretrained= model
+    kwarg, a hf: teacher, an hf-hub: model) where the Hub cannot be named (linvit.weights.hub_offline)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--pretrained" or "pretrained=" in a or a.startswith(("hf:", "hf-hub:")) for a in argv):
+        from linvit.weights.hub_offline import offline_if_hub_unresolvable
+
+        offline_if_hub_unresolvable()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command: input the user can fix (linvit.errors.UsageError) is one line and exit 2 (its traceback
     with --debug); Ctrl-C is one line and exit 130 (the shell's code for SIGINT); any other exception, a
     ValueError from torch or a bug included, keeps its traceback."""
     args = parse_args(argv)
     try:
+        _offline_if_hub_unresolvable(argv)
         args.func(args)
     except KeyboardInterrupt:
         if args.debug:

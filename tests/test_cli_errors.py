@@ -472,3 +472,63 @@ def test_an_exported_pytorch_graph_given_to_eval_or_predict_is_one_line(tmp_path
         argv = ["eval", "--data", "digits:digit", "--checkpoint", graph, "--model", "vit_4l_patch16_224"]
         _fails_cleanly(argv, capsys, kind)
         _fails_cleanly(["predict", str(tmp_path), "--checkpoint", graph], capsys, kind)
+
+
+def _no_dns(monkeypatch, calls: list):
+    import socket
+
+    def unresolvable(host, *args, **kwargs):
+        calls.append(host)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unresolvable)
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+
+
+def test_pretrained_weights_go_offline_at_once_where_the_hub_does_not_resolve(tmp_path, monkeypatch):
+    """With no network, huggingface_hub's retries took about 50 s before the one-line error: a command that may
+    download is put in offline mode first (cached files still load), and only such a command probes."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    import linvit.prediction.classify as classify
+
+    calls, seen = [], []
+    _no_dns(monkeypatch, calls)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(classify, "run_predict", lambda config: seen.append(constants.HF_HUB_OFFLINE))
+    (tmp_path / "a.png").write_bytes(b"")
+    assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "deit_tiny_patch16_224"]) == 0
+    assert calls == [] and seen == [False]  # no weights asked for: no probe
+    assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "deit_tiny_patch16_224", "--pretrained"]) == 0
+    assert calls == ["huggingface.co"] and seen == [False, True]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "hf-hub:timm/deit_tiny_patch16_224"]) == 0
+    assert len(calls) == 2 and seen[-1] is True  # a Hub model's config is a download too
+
+
+@pytest.mark.parametrize("env", [{"HTTPS_PROXY": "http://proxy:3128"}, {"all_proxy": "socks5://p:1080"},
+                                 {"HF_HUB_OFFLINE": "0"}])  # fmt: skip
+def test_behind_a_proxy_the_hub_is_not_probed(monkeypatch, env):
+    """A proxy may resolve what the local resolver cannot; an explicit HF_HUB_OFFLINE is the user's choice."""
+    from linvit.weights.hub_offline import hub_host_unresolvable
+
+    calls = []
+    _no_dns(monkeypatch, calls)
+    assert hub_host_unresolvable()  # the probe alone, no proxy: the name does not resolve
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert not hub_host_unresolvable() and calls == ["huggingface.co"]
+
+
+def test_the_probe_asks_for_hf_endpoints_host(monkeypatch):
+    import socket
+
+    from linvit.weights.hub_offline import hub_host_unresolvable
+
+    calls = []
+    _no_dns(monkeypatch, calls)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hf-mirror.example.org:8443")
+    assert hub_host_unresolvable() and calls == ["hf-mirror.example.org"]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(socket.AF_INET, 0, 0, "", ("10.0.0.1", 443))])
+    assert not hub_host_unresolvable()
