@@ -357,6 +357,16 @@ def _offline_if_hub_unresolvable(argv: list[str] | None) -> None:
         offline_if_hub_unresolvable()
 
 
+def _worker_message(text: str) -> str:
+    """The error's own line where a DataLoader worker raised it: PyTorch re-raises it in the main process with
+    "Caught UsageError in DataLoader worker process N." and the worker's whole traceback as its message."""
+    if not (text.startswith("Caught ") and "Original Traceback" in text):
+        return text
+    last = text.rstrip().splitlines()[-1]  # "linvit.errors.UsageError: the message"
+    name, sep, message = last.partition(": ")
+    return message if sep and name.replace(".", "").replace("_", "").isalnum() else last
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command: input the user can fix (linvit.errors.UsageError) is one line and exit 2 (its traceback
     with --debug); Ctrl-C is one line and exit 130 (the shell's code for SIGINT); any other exception, a
@@ -375,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if not isinstance(err, UsageError) or args.debug:
             raise
-        print(f"linvit {args.command}: error: {err}", file=sys.stderr)
+        print(f"linvit {args.command}: error: {_worker_message(str(err))}", file=sys.stderr)
         return 2
     except OSError as err:  # the Hugging Face Hub unreachable for --pretrained weights not in its cache
         if type(err).__name__ != "LocalEntryNotFoundError" or args.debug:

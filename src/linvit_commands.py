@@ -713,7 +713,7 @@ COMMANDS = (
         "mIoU, pixel accuracy and per-class IoU of a checkpoint",
         "linvit.segment.engine:SegmentEvalConfig:run_segment_eval",
         segment_data(model_required=False),
-        flag("--split"),
+        flag("--split", help="default: the run folder's val split, else val"),
         checkpoint(
             "a segment train run folder (the model comes from its args.yaml unless --model is given) or weights"
         ),
@@ -741,7 +741,7 @@ COMMANDS = (
         "detections.json and the 12 COCO numbers (pycocotools COCOeval)",
         "linvit.detect.engine:DetectEvalConfig:run_detect_eval",
         detect_data(model_required=False),
-        flag("--split"),
+        flag("--split", help="default: the run folder's val split, else val2017"),
         flag("--ann-file", help="any COCO instances json (instead of DATA/annotations/...)"),
         flag("--images", help="its image folder (default: the json's folder)"),
         checkpoint("a detect train run folder (the model comes from its args.yaml) or weights"),

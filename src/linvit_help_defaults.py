@@ -185,7 +185,6 @@ HELP_DEFAULTS: dict[str, dict[str, str]] = {
         "head_channels": "128",
         "progress": "on",
         "pyramid_channels": "256",
-        "split": "val",
         "workers": "2",
     },
     "segment predict": {
@@ -227,7 +226,6 @@ HELP_DEFAULTS: dict[str, dict[str, str]] = {
         "min_size": "800",
         "progress": "on",
         "pyramid_channels": "256",
-        "split": "val2017",
         "workers": "2",
     },
     "detect predict": {

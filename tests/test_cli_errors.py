@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from linvit.cli import main as cli_main
 from linvit.data import build_cluttered_mnist, load_boxes
@@ -532,3 +533,25 @@ def test_the_probe_asks_for_hf_endpoints_host(monkeypatch):
     assert hub_host_unresolvable() and calls == ["hf-mirror.example.org"]
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(socket.AF_INET, 0, 0, "", ("10.0.0.1", 443))])
     assert not hub_host_unresolvable()
+
+
+class _Refusing(torch.utils.data.Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        raise UsageError(f"data/{index}.png: label map (40, 40) does not match image 48x64")
+
+
+def test_an_error_raised_in_a_dataloader_worker_is_its_own_one_line(monkeypatch, capsys):
+    """PyTorch re-raises a worker's UsageError with the worker's whole traceback as its message: the CLI prints
+    the error's own line (it printed 14 lines with the default --workers 2)."""
+    import linvit.prediction.classify as classify
+
+    def load_in_a_worker(config):
+        next(iter(torch.utils.data.DataLoader(_Refusing(), num_workers=1)))
+
+    monkeypatch.setattr(classify, "run_predict", load_in_a_worker)
+    assert cli_main(["predict", "x.png", "--model", "deit_tiny_patch16_224"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "linvit predict: error: data/0.png: label map (40, 40) does not match image 48x64"

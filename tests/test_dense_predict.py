@@ -104,3 +104,21 @@ def test_predict_commands_refuse_the_wrong_kind_of_run(mask_rcnn_run, segment_ru
     assert "not a `linvit segment train` run" in capsys.readouterr().err
     assert cli_main(["detect", "predict", str(pictures), "--checkpoint", str(segment_run)]) == 2
     assert "not a `linvit detect train` run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["segment", "detect"])
+def test_unreadable_pictures_are_skipped_as_predict_skips_them(command, mask_rcnn_run, segment_run, tmp_path, capsys):
+    """One broken file among the pictures: reported and skipped, the others written (it stopped the whole run,
+    writing nothing); none readable is one line."""
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(folder / "red.png")
+    (folder / "broken.jpg").write_bytes(b"not a picture")
+    run, out = {"segment": segment_run, "detect": mask_rcnn_run}[command], tmp_path / "out.jsonl"
+    argv = [command, "predict", str(folder), "--checkpoint", str(run), "--output", str(out), "--no-progress"]
+    assert cli_main(argv) == 0
+    assert [Path(json.loads(line)["path"]).name for line in out.read_text().splitlines()] == ["red.png"]
+    err = capsys.readouterr().err
+    assert "skipped" in err and "broken.jpg: cannot read it as an image" in err and "skipped 1 of 2 pictures" in err
+    assert cli_main([command, "predict", str(folder / "broken.jpg"), "--checkpoint", str(run)]) == 2
+    assert "none of the 1 pictures could be read" in capsys.readouterr().err

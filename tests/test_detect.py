@@ -167,6 +167,8 @@ def test_ground_truth_as_detections_scores_100_through_the_category_mapping(tmp_
     assert [r["category_id"] for r in results] == [3, 7] and results[0]["bbox"] == [10.0, 5.0, 20.0, 10.0]
     stats, summary = coco_stats(data.coco, results)
     assert stats["AP"] == pytest.approx(100.0) and "Average Precision" in summary
+    # scoring leaves the results in COCO's results format (loadRes adds area, id, iscrowd, a box polygon)
+    assert all(r.keys() == {"image_id", "category_id", "bbox", "score"} for r in results)
     wrong = [{**r, "category_id": 10 - r["category_id"]} for r in results]  # labels swapped: nothing matches
     assert coco_stats(data.coco, wrong)[0]["AP"] == 0.0
 
@@ -220,6 +222,7 @@ def test_detect_train_resume_eval_and_rescoring(det_data, tmp_path):
     data = CocoDetection(det_data / "val", det_data / "annotations" / "instances_val.json")
     rescored, _ = coco_stats(data.coco, json.loads((out / "detections.json").read_text()))
     assert rescored["AP"] == pytest.approx(metrics["AP"]) and rescored["AR100"] == pytest.approx(metrics["AR100"])
+    _eval_takes_the_runs_split_and_refuses_its_categories_renamed(det_data, run, tmp_path, metrics)
 
     # torchrun with 2 processes scores the same detections
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -228,6 +231,31 @@ def test_detect_train_resume_eval_and_rescoring(det_data, tmp_path):
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "eval2" / "metrics.json").read_text())["AP"] == pytest.approx(metrics["AP"])
+
+
+def _eval_takes_the_runs_split_and_refuses_its_categories_renamed(det_data, run, tmp_path, metrics):
+    """No --split: the run's val split (it looked for val2017). A category renamed in the json: one line (the
+    detector's boxes were written under the new id as if it were the class it learned)."""
+    import contextlib
+    import io
+
+    base = ["detect", "eval", "--data", str(det_data), "--checkpoint", str(run), "--workers", "0", "--device", "cpu"]
+    assert cli_main([*base, "--output", str(tmp_path / "e3")]) == 0
+    assert json.loads((tmp_path / "e3" / "metrics.json").read_text())["AP"] == pytest.approx(metrics["AP"])
+    coco = json.loads((det_data / "annotations" / "instances_val.json").read_text())
+    last = max(c["id"] for c in coco["categories"])
+    for item in coco["categories"] + coco["annotations"]:
+        key = "id" if "name" in item else "category_id"
+        item[key] = 99 if item[key] == last else item[key]
+    renamed = tmp_path / "renamed.json"
+    renamed.write_text(json.dumps(coco))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli_main(
+            [*base, "--ann-file", str(renamed), "--images", str(det_data / "val"), "--output", str(tmp_path)]
+        )
+    assert code == 2 and "category ids" in err.getvalue() and "the run's" in err.getvalue()
+    assert len(err.getvalue().strip().splitlines()) == 1 and not (tmp_path / "detections.json").exists()
 
 
 def test_detect_trains_under_fsdp_as_under_ddp(det_data, tmp_path):

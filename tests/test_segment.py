@@ -188,7 +188,7 @@ SEG = [
 ]
 
 
-def test_segment_train_resume_and_eval_end_to_end(data, tmp_path):
+def test_segment_train_resume_and_eval_end_to_end(data, tmp_path, capsys):
     out = tmp_path / "run"
     train = [
         "segment",
@@ -243,6 +243,7 @@ def test_segment_train_resume_and_eval_end_to_end(data, tmp_path):
     )
     metrics = json.loads(result.read_text())
     assert metrics["miou"] == pytest.approx(rows[-1]["val_miou"])  # the saved weights are the logged ones
+    assert f"GMACs at 64 x 64: backbone {metrics['backbone_gmacs@64']:.3g}" in capsys.readouterr().out  # --macs-at
     config = json.loads((out / "config.json").read_text())
     assert config["linvit"]["task"] == "segmentation" and config["label_names"][1] == "digit 0"
     assert "segment eval --checkpoint" in (out / "README.md").read_text()
@@ -252,6 +253,7 @@ def test_segment_train_resume_and_eval_end_to_end(data, tmp_path):
     assert cli_main([*by_folder, "--workers", "0", "--device", "cpu"]) == 0
     assert json.loads(again.read_text())["miou"] == pytest.approx(rows[-1]["val_miou"])
     assert len(metrics["per_class_iou"]) == 11 and metrics["class_names"][1] == "digit 0"
+    _eval_refuses_data_with_other_classes(data, out, tmp_path, capsys)
     assert 0 < metrics["backbone_gmacs@64"] < metrics["segmenter_gmacs@64"]
     # ... and in Python, one call (timm's local-dir: cannot build a segmenter)
     from safetensors.torch import load_file
@@ -262,6 +264,22 @@ def test_segment_train_resume_and_eval_end_to_end(data, tmp_path):
     assert segmenter.label_names[1] == "digit 0" and not segmenter.training
     saved = load_file(str(out / "model.safetensors"))
     assert all(torch.equal(segmenter.state_dict()[k], v) for k, v in saved.items())
+
+
+def _eval_refuses_data_with_other_classes(data, run, tmp_path, capsys):
+    """The same pictures under a meta.json of 12 classes: one line naming both counts (it was the checkpoint's
+    shape error, which blamed patch, image size and width)."""
+    other = tmp_path / "twelve"
+    other.mkdir()
+    for name in ("train", "val", "masks"):
+        (other / name).symlink_to(data / name)
+    meta = json.loads((data / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "mask_classes": meta["mask_classes"] + ["extra"]}))
+    capsys.readouterr()
+    argv = ["segment", "eval", "--data", str(other), "--checkpoint", str(run), "--workers", "0", "--device", "cpu"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "number of classes 12, the run's 11" in err and len(err.splitlines()) == 1
 
 
 def test_segment_torchrun_two_processes_agree(data, tmp_path):
@@ -411,3 +429,52 @@ def test_a_label_map_made_on_the_stored_pixels_of_a_rotated_picture_is_named(tmp
     _phone_photo(image_path, stored=(40, 24))  # its label map (24 rows, 40 columns) fits the stored pixels
     with pytest.raises(ValueError, match=r"fits the file's stored 40 x 24 pixels.*turns it to 24 x 40"):
         SegmentationDataset(find_split(tmp_path, "val"), EvalTransform())[0]
+
+
+def _own_data(root, picture_suffix=".jpg", value=2, classes=("background", "road", "car")):
+    """The documented layout for your own data: pictures under ROOT/<split>/, PNG label maps under
+    ROOT/masks/<split>/ with the picture's name, classes in meta.json."""
+    root.mkdir(exist_ok=True)
+    (root / "meta.json").write_text(json.dumps({"mask_classes": list(classes)}))
+    for split in ("train", "val"):
+        (root / split / "a").mkdir(parents=True)
+        (root / "masks" / split / "a").mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (20, 12), (100, 50, 0)).save(root / split / "a" / f"{i}{picture_suffix}")
+            labels = np.zeros((12, 20), np.uint8)
+            labels[:, 10:] = value if i == 1 else 1
+            Image.fromarray(labels).save(root / "masks" / split / "a" / f"{i}.png")
+    return root
+
+
+def test_own_data_pairs_jpeg_pictures_with_png_label_maps(tmp_path):
+    split = find_split(_own_data(tmp_path), "train")
+    assert [(p.name, m.name) for p, m in split.pairs] == [("0.jpg", "0.png"), ("1.jpg", "1.png")]
+    _, labels = SegmentationDataset(split, EvalTransform())[1]
+    assert labels[0, 0] == 0 and labels[0, -1] == 2
+
+
+@pytest.mark.parametrize("value", [3, 254])  # not a class of 3 (a JPEG-saved label map's stray values), not 255
+def test_a_label_value_that_is_no_class_is_one_line_naming_the_file(tmp_path, value):
+    split = find_split(_own_data(tmp_path, value=value), "train")
+    with pytest.raises(ValueError, match=rf"1\.png: label values {value} are not classes 0\.\.2 nor 255"):
+        SegmentationDataset(split, EvalTransform())[1]
+    split = find_split(_own_data(tmp_path / "ok", value=255), "train")  # 255: not scored
+    assert SegmentationDataset(split, EvalTransform())[1][1][0, -1] == IGNORE
+
+
+def test_ade20k_keeps_255_unscored(tmp_path):
+    _fake_ade(tmp_path)
+    _, mask_path = find_split(tmp_path, "val").pairs[0]
+    labels = np.array(Image.open(mask_path))
+    labels[1, 1] = 255
+    Image.fromarray(labels).save(mask_path)
+    _, read = SegmentationDataset(find_split(tmp_path, "val"), EvalTransform())[0]
+    assert read[1, 1] == IGNORE and read[0, 0] == 0
+
+
+def test_a_file_that_is_no_picture_is_one_line_naming_it(tmp_path):
+    root = _own_data(tmp_path)
+    (root / "train" / "a" / "0.jpg").write_bytes(b"not a picture")
+    with pytest.raises(ValueError, match=r"0\.jpg: cannot read it as an image"):
+        SegmentationDataset(find_split(root, "train"), EvalTransform())[0]

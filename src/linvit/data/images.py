@@ -6,6 +6,7 @@ EXIF orientation is applied; greyscale, palette, RGBA (composited on white), 16-
 
 from __future__ import annotations
 
+import contextlib
 import glob
 from collections.abc import Iterable
 from pathlib import Path
@@ -68,9 +69,21 @@ def load_rgb(path: str | Path) -> Image.Image:
 
 def load_rgb_and_stored_size(path: str | Path) -> tuple[Image.Image, tuple[int, int]]:
     """load_rgb's picture and the (width, height) its file stores before EXIF orientation: where annotations
-    (boxes, label maps) disagree with the upright size, the stored one says whether they were made on it."""
-    with Image.open(path) as image:
+    (boxes, label maps) disagree with the upright size, the stored one says whether they were made on it. A file
+    that is not a picture is a one-line error naming it."""
+    with unreadable_as_usage_error(path), Image.open(path) as image:
         return upright_rgb(image), image.size
+
+
+@contextlib.contextmanager
+def unreadable_as_usage_error(path: str | Path):
+    """PIL's errors for a file it cannot decode (truncated, not an image) as one line naming the file."""
+    try:
+        yield
+    except (OSError, SyntaxError, ValueError) as err:
+        if isinstance(err, UsageError):
+            raise
+        raise UsageError(f"{path}: cannot read it as an image ({type(err).__name__}: {err})") from err
 
 
 def exif_rotation_error(what: str, path: str | Path, stored: tuple[int, int], upright: tuple[int, int]) -> str:

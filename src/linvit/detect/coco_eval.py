@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 
 import numpy as np
@@ -36,7 +37,7 @@ def coco_stats(coco_gt, results: list[dict], iou_type: str = "bbox", image_ids: 
     if not results:  # loadRes refuses an empty list; no detection scores 0 everywhere
         return dict.fromkeys(STAT_NAMES, 0.0), "no detections"
     with contextlib.redirect_stdout(io.StringIO()) as text:
-        coco_dt = coco_gt.loadRes(results)
+        coco_dt = coco_gt.loadRes(copy.deepcopy(results))  # loadRes adds area, id, iscrowd and a box polygon
         evaluator = COCOeval(coco_gt, coco_dt, iou_type)
         if image_ids is not None:
             evaluator.params.imgIds = list(image_ids)

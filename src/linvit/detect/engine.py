@@ -22,7 +22,7 @@ from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
 from ..errors import UsageError
 from ..utils.paths import write_json
 from ..utils.runtime import autocast
-from ..weights import load_weights, use_run_folder
+from ..weights import check_run_labels, load_weights, use_run_folder
 from .coco_eval import STAT_NAMES, coco_stats, to_coco_results
 from .data import CocoDetection, collate_detection, find_coco_split
 from .model import create_detector
@@ -62,7 +62,7 @@ class DetectEvalConfig(DetectorSpec):
     """`linvit detect eval`: a split of --data, or --ann-file (and --images) directly."""
 
     data: str | None = None
-    split: str = "val2017"
+    split: str | None = None  # a run folder's val split, else COCO's val2017
     ann_file: str | None = None
     images: str | None = None
     checkpoint: str | None = None
@@ -206,9 +206,11 @@ def run_detect_train(config: DetectConfig) -> list[dict]:
 def run_detect_eval(config: DetectEvalConfig) -> dict:
     """`linvit detect eval`: detections.json (COCO results format) and the 12 COCO numbers of a checkpoint."""
     with distributed_session(config.device) as (rank, world, device):
-        config, _ = use_run_folder(config)  # --checkpoint RUN: the detector is rebuilt from the run's args.yaml
+        config, folder = use_run_folder(config)  # --checkpoint RUN: the detector is rebuilt from the run's args.yaml
         masks = config.detector == "maskrcnn"
-        data = coco_split(config.data, config.split, False, masks, ann_file=config.ann_file, images=config.images)
+        split = config.split or "val2017"
+        data = coco_split(config.data, split, False, masks, ann_file=config.ann_file, images=config.images)
+        check_run_labels(folder, config.ann_file or config.data, category_ids=data.category_ids)
         model = build_detector(config, data.num_classes)
         if config.checkpoint:
             load_weights(model, config.checkpoint)

@@ -32,7 +32,7 @@ from ..errors import UsageError
 from ..models import patch_size
 from ..onnx_runtime import OnnxClassifier, refuse_pytorch_flags
 from ..utils.runtime import autocast, resolve_amp
-from .output import OutputPaths, check_out_file, report_skipped, write_jsonl
+from .output import OutputPaths, check_out_file, read_or_skip, report_skipped, write_jsonl
 
 
 def native_size(size: tuple[int, int], patch: tuple[int, int]) -> tuple[int, int]:
@@ -226,10 +226,7 @@ def read_pictures(chunk: Sequence[Path], model: nn.Module, img_size, native: boo
     kept, pictures, tensors, seconds = [], [], [], []
     for path in chunk:
         tick = time.perf_counter()
-        try:
-            picture = read_rgb(path, max_pixels)
-        except UsageError as err:
-            tqdm.write(f"skipped {err}", file=sys.stderr)
+        if (picture := read_or_skip(path, max_pixels)) is None:
             continue
         tensors.append(prepare_image(picture, model, img_size, native))
         kept.append(path)

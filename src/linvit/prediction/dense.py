@@ -16,14 +16,14 @@ from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 from tqdm import tqdm
 
 from ..config import Config
-from ..data.images import DEFAULT_MAX_PIXELS, find_images, read_rgb
+from ..data.images import find_images
 from ..distributed import resolve_device
 from ..errors import UsageError
 from ..runs import load_run
 from ..segment.model import Segmenter
 from ..weights import read_run_config
 from .detect import as_record, detect, draw
-from .output import OutputPaths, check_out_file, write_jsonl
+from .output import OutputPaths, check_out_file, read_or_skip, report_skipped, write_jsonl
 from .segment import class_shares, colour_overlay, save_class_map, segment
 
 
@@ -78,7 +78,8 @@ def run_detect_predict(config: DetectPredictConfig) -> list[dict]:
     records = []
     for path in tqdm(paths, desc="detect", unit="image", disable=not config.progress):
         tick = time.perf_counter()
-        picture = read_rgb(path, config.max_pixels or DEFAULT_MAX_PIXELS)
+        if (picture := read_or_skip(path, config.max_pixels)) is None:
+            continue
         found = detect(model, picture, device, config.amp, config.score_thresh)
         record = {"path": str(path), "size": [picture.height, picture.width], "detections": as_record(found, names)}
         record["seconds"] = round(time.perf_counter() - tick, 4)
@@ -89,6 +90,7 @@ def run_detect_predict(config: DetectPredictConfig) -> list[dict]:
         records.append(record)
         summary = ", ".join(f"{d['label']} {d['score']:.2f}" for d in record["detections"][:5]) or "nothing"
         tqdm.write(f"{path}: {len(record['detections'])} detections ({summary})")  # above the progress bar
+    report_skipped(len(paths) - len(records), len(paths))
     if config.output:
         write_jsonl(config.output, records)
     return records
@@ -112,7 +114,8 @@ def run_segment_predict(config: SegmentPredictConfig) -> list[dict]:
     drawn = OutputPaths(paths, config.draw, ".png") if config.draw else None
     for path in tqdm(paths, desc="segment", unit="image", disable=not config.progress):
         tick = time.perf_counter()
-        picture = read_rgb(path, config.max_pixels or DEFAULT_MAX_PIXELS)
+        if (picture := read_or_skip(path, config.max_pixels)) is None:
+            continue
         classes = segment(model, picture, device, img_size, config.amp)
         shares = class_shares(classes, names)
         record = {"path": str(path), "size": [picture.height, picture.width], "classes": shares}
@@ -124,6 +127,7 @@ def run_segment_predict(config: SegmentPredictConfig) -> list[dict]:
             record["drawn"] = str(target)
         records.append(record)
         tqdm.write(f"{path}: " + ", ".join(f"{k} {v:.0%}" for k, v in list(shares.items())[:5]))
+    report_skipped(len(paths) - len(records), len(paths))
     if config.output:
         write_jsonl(config.output, records)
     return records

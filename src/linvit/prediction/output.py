@@ -1,6 +1,6 @@
-"""What every prediction command writes: JSON lines, and one output file per picture named after the picture's
-path below the pictures' common folder (OutputPaths), so `linvit predict`, `detect predict` and `segment predict`
-name their files alike."""
+"""What every prediction command reads and writes: pictures read or skipped alike (read_or_skip, report_skipped),
+JSON lines, and one output file per picture named after the picture's path below the pictures' common folder
+(OutputPaths), so `linvit predict`, `detect predict` and `segment predict` behave alike."""
 
 from __future__ import annotations
 
@@ -11,7 +11,20 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from PIL import Image
+from tqdm import tqdm
+
+from ..data.images import DEFAULT_MAX_PIXELS, read_rgb
 from ..errors import UsageError
+
+
+def read_or_skip(path: Path, max_pixels: int | None) -> Image.Image | None:
+    """The picture, or None after a line on stderr where it cannot be read (report_skipped counts them)."""
+    try:
+        return read_rgb(path, max_pixels or DEFAULT_MAX_PIXELS)
+    except UsageError as err:
+        tqdm.write(f"skipped {err}", file=sys.stderr)
+        return None
 
 
 def report_skipped(skipped: int, total: int) -> None:

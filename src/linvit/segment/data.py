@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from ..data.images import exif_rotation_error, load_rgb_and_stored_size
+from ..data.images import exif_rotation_error, load_rgb_and_stored_size, unreadable_as_usage_error
 from ..errors import UsageError
 
 IGNORE = 255
@@ -56,6 +56,13 @@ def _ade_names(root: Path) -> list[str]:
     return [f"class {i}" for i in range(ADE_CLASSES)]
 
 
+def _label_map_of(root: Path, picture: Path) -> Path:
+    """ROOT/masks/<split>/.../<name>.png for ROOT/<split>/.../<name>.<any suffix> (a label map must be lossless);
+    a label map with the picture's own file name is taken where one exists (how linvit's builder names them)."""
+    same = root / "masks" / picture.relative_to(root)
+    return same if same.is_file() else same.with_suffix(".png")
+
+
 def find_split(root: str | Path, split: str) -> SegmentationSplit:
     """The pairs of ``split`` under ``root`` in either supported layout, with a clear error otherwise."""
     root = Path(root)
@@ -66,7 +73,7 @@ def find_split(root: str | Path, split: str) -> SegmentationSplit:
         layout, names, reduce_zero = "ade20k", _ade_names(root), True
     elif (root / "masks" / split).is_dir():
         images = sorted(p for p in (root / split).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-        pairs = [(p, root / "masks" / p.relative_to(root)) for p in images]
+        pairs = [(p, _label_map_of(root, p)) for p in images]
         meta = json.loads((root / "meta.json").read_text()) if (root / "meta.json").is_file() else {}
         layout, names, reduce_zero = "masks", meta.get("mask_classes"), False
         if not names:
@@ -127,19 +134,40 @@ class SegmentationDataset(Dataset):
     def __getitem__(self, index: int):
         image_path, mask_path = self.split.pairs[index]
         image, stored = load_rgb_and_stored_size(image_path)  # upright, as predict reads it
-        with Image.open(mask_path) as mask:
-            labels = np.array(ImageOps.exif_transpose(mask))  # a label map's own tag too (detectron2's reading)
-        if labels.ndim != 2:
-            raise UsageError(f"{mask_path}: label maps must be single-channel (mode L or P), got shape {labels.shape}")
+        labels = read_label_map(mask_path)
         if labels.shape != (image.height, image.width):
             if labels.shape == stored[::-1]:
                 raise UsageError(exif_rotation_error(f"its label map {mask_path.name}", image_path, stored, image.size))
             raise UsageError(f"{mask_path}: label map {labels.shape} does not match image {image.height}x{image.width}")
         labels = labels.astype(np.int64)
         if self.split.reduce_zero_label:
-            labels = np.where(labels == 0, IGNORE, labels - 1)
+            labels = np.where((labels == 0) | (labels == IGNORE), IGNORE, labels - 1)  # 255 stays unscored
+        check_label_values(labels, self.split.num_classes, mask_path)
         image_t = tv_tensors.Image(torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1))
         return self.transform(image_t, tv_tensors.Mask(torch.from_numpy(labels)))
+
+
+def read_label_map(path: Path) -> np.ndarray:
+    """A single-channel label map (mode L or P: the values are class indices) as stored, its own EXIF orientation
+    applied (detectron2's reading); one-line errors naming the file."""
+    with unreadable_as_usage_error(path), Image.open(path) as mask:
+        labels = np.array(ImageOps.exif_transpose(mask))
+    if labels.ndim != 2:
+        raise UsageError(f"{path}: label maps must be single-channel (mode L or P), got shape {labels.shape}")
+    return labels
+
+
+def check_label_values(labels: np.ndarray, num_classes: int, path: Path) -> None:
+    """Every label is a class index or IGNORE: cross-entropy would fail on others with no file named (an index
+    error on the CPU, a device-side assert on a GPU); a JPEG-compressed label map is the usual cause."""
+    wrong = (labels != IGNORE) & ((labels < 0) | (labels >= num_classes))
+    if wrong.any():
+        values = np.unique(labels[wrong])
+        shown = ", ".join(map(str, values[:5])) + (" ..." if len(values) > 5 else "")
+        raise UsageError(
+            f"{path}: label values {shown} are not classes 0..{num_classes - 1} nor {IGNORE} (ignored); label maps "
+            "hold class indices, saved losslessly (PNG)"
+        )
 
 
 def collate_pairs(batch: list) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

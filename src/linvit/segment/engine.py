@@ -21,7 +21,7 @@ from ..engine import Metric, Parts, Run, Task, eval_loader, fit, run_evaluation
 from ..errors import UsageError
 from ..utils.paths import write_json
 from ..utils.runtime import autocast
-from ..weights import load_backbone, load_weights, use_run_folder
+from ..weights import check_run_labels, load_backbone, load_weights, use_run_folder
 from .data import EvalTransform, SegmentationDataset, collate_pairs, find_split, train_transform, upsample_logits
 from .metrics import confusion_matrix, scores
 from .model import Segmenter, create_segmenter
@@ -60,7 +60,7 @@ class SegmentEvalConfig(SegmenterSpec):
     """`linvit segment eval`."""
 
     data: str | None = None
-    split: str = "val"
+    split: str | None = None  # a run folder's val split, else "val"
     checkpoint: str | None = None
     batch_size: int = 8
     workers: int = dataclasses.field(default_factory=default_workers)
@@ -184,8 +184,10 @@ def backbone_macs(model: Segmenter, size: int) -> dict:
 def run_segment_eval(config: SegmentEvalConfig) -> dict:
     """`linvit segment eval`: mIoU, pixel accuracy and per-class IoU of a checkpoint on one split."""
     with distributed_session(config.device) as (rank, world, device):
+        config, folder = use_run_folder(config)  # --checkpoint RUN: the segmenter is rebuilt from the run's args.yaml
+        config = config.replace(split=config.split or "val")
         split = find_split(config.data, config.split)
-        config, _ = use_run_folder(config)  # --checkpoint RUN: the segmenter is rebuilt from the run's args.yaml
+        check_run_labels(folder, config.data, num_classes=split.num_classes)
         model = build_model(config, split.num_classes)
         if config.checkpoint:
             load_weights(model, config.checkpoint)
@@ -200,6 +202,10 @@ def run_segment_eval(config: SegmentEvalConfig) -> dict:
             metrics.update(backbone_macs(model.cpu(), config.flops_at))
         if rank == 0:
             print_scores(metrics, split.class_names, len(dataset))
+            if config.flops_at:
+                px = config.flops_at
+                print(f"GMACs at {px} x {px}: backbone {metrics[f'backbone_gmacs@{px}']:.3g}, "
+                      f"segmenter {metrics[f'segmenter_gmacs@{px}']:.3g}")  # fmt: skip
             if config.json:
                 write_json(config.json, metrics)
         return metrics

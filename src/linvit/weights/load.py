@@ -73,7 +73,8 @@ def check_shapes(model: nn.Module, state: dict, path) -> None:
         raise UsageError(
             f"{path}: checkpoint does not fit {type(model).__name__}: {first} is {tuple(state[first].shape)} there, "
             f"{tuple(own[first].shape)} in the model{more}: it was built with other settings (patch, image size, "
-            "width); build the model as it was trained (a run folder rebuilds its own: give the folder, no --model)"
+            "width, number of classes); build the model as it was trained, on data with its classes (a run folder "
+            "rebuilds its own: give the folder, no --model)"
         )
 
 

@@ -74,7 +74,8 @@ def run_args(folder: Path) -> dict:
 def use_run_folder(config: C) -> tuple[C, Path | None]:
     """(config, run folder) for `... eval --checkpoint RUN` (or a file in RUN): a folder means its
     model.safetensors, and without a model name the model is rebuilt from the run's args.yaml (name, kwargs,
-    conversion, head widths, and the input size unless given). The run folder is None when the checkpoint is
+    conversion, head widths, and the input size and split (its val split) unless given). The run folder is None
+    when the checkpoint is
     not in one. config is any command's Config with ``checkpoint`` and ``model`` fields; a new one is returned.
     """
     if not config.checkpoint:
@@ -96,9 +97,32 @@ def use_run_folder(config: C) -> tuple[C, Path | None]:
     for key in (MODEL_ARGS if config.model is None else ()) + INPUT_ARGS:
         if key in run and key in names and (key in MODEL_ARGS or getattr(config, key) is None):
             changes[key] = run[key]
+    if "split" in names and config.split is None and run.get("val_split"):  # the split the run validated on
+        changes["split"] = run["val_split"]
     if config.model is None and "model" not in run:
         changes.update(_timm_folder_model(folder, config))
     return config.replace(**changes), folder
+
+
+def check_run_labels(folder: Path | None, data, **labels) -> None:
+    """The data's labels (num_classes=, category_ids=) are the ones the run at folder recorded in its config.json:
+    a model scored on other classes reads its own labels as the data's (a renamed COCO category) or fails to load
+    with a shape error. Nothing to check for a checkpoint outside a run folder."""
+    found = read_run_config(folder) if folder is not None else None
+    if found is None:
+        return
+    recorded = found[1]["linvit"]
+    for key, value in labels.items():
+        if key in recorded and _as_list(recorded[key]) != _as_list(value):
+            raise UsageError(
+                f"{data}: {key.replace('num_', 'number of ').replace('_', ' ')} {value}, the run's {recorded[key]} "
+                f"({found[0] / CONFIG}): a model scores only the classes it was trained on; evaluate it on data "
+                "labelled the same way"
+            )
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def _timm_folder_model(folder: Path, config: Config) -> dict:
