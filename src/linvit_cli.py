@@ -83,6 +83,8 @@ def _add_flag(container, spec: Flag, shown_default: str | None = None) -> argpar
     help ends with); a renamed flag and its old spelling are a pair: either satisfies required=True, both at once
     is an error."""
     kwargs = {"default": argparse.SUPPRESS, **spec.kwargs}
+    if shown_default is not None and kwargs.get("nargs") is None and " " in shown_default:
+        shown_default = shown_default.replace(" ", ",")  # a list the flag takes as one comma list (--res 224,512)
     if shown_default is not None and "default" not in (kwargs.get("help") or ""):
         kwargs["help"] = f"{kwargs.get('help') or ''} (default: {shown_default})".lstrip()
     if spec.old is None:
@@ -167,13 +169,20 @@ def command_defaults(row: Command) -> dict:
 
 
 def default_as_text(value) -> str | None:
-    """How --help shows a config default: a word or a number as the config has it, "on" for a switch that is on;
-    None (not shown) for none, off, and lists or mappings (their flags' help says what they hold)."""
+    """How --help shows a config default: a word or a number as the config has it, "on" for a switch that is on,
+    a short list of them as the flag takes them ("0.5 2.0"); None (not shown) for none, off, empty or long lists
+    and mappings (their flags' help says what they hold)."""
+    if isinstance(value, list | tuple) and 0 < len(value) <= 4 and all(_scalar(v) for v in value):
+        return " ".join(f"{v:.4g}" if isinstance(v, float) else default_as_text(v) for v in value)
     if value is True:
         return "on"
-    if value is None or value is False or value == "" or not isinstance(value, (str, int, float)):
+    if value is None or value is False or value == "" or not _scalar(value):
         return None
     return value if isinstance(value, str) else repr(value)
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, str | int | float) and not isinstance(value, bool) and value != ""
 
 
 def help_defaults() -> dict[str, dict[str, str]]:

@@ -555,3 +555,17 @@ def test_an_error_raised_in_a_dataloader_worker_is_its_own_one_line(monkeypatch,
     assert cli_main(["predict", "x.png", "--model", "deit_tiny_patch16_224"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "linvit predict: error: data/0.png: label map (40, 40) does not match image 48x64"
+
+
+def test_one_class_is_refused_before_training(tmp_path, capsys):
+    """One class trains to loss 0 and 100% from the first step: a one-line error, nothing written."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        (tmp_path / "data" / split / "cat").mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (32, 32), (i * 90, 0, 0)).save(tmp_path / "data" / split / "cat" / f"{i}.png")
+    assert cli_main(_train(tmp_path / "data", tmp_path / "run")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("one class (cat); a classifier needs two or more to learn from") and "\n" not in err
+    assert not (tmp_path / "run").exists()

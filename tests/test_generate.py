@@ -360,3 +360,18 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.npz"]
     atomic_write(target, lambda tmp: np.savez_compressed(tmp, images=np.ones(2)))  # the suffix picks the format
     assert np.load(target)["images"].tolist() == [1, 1] and sorted(p.name for p in tmp_path.iterdir()) == ["grid.npz"]
+
+
+def test_an_image_folder_without_its_size_names_the_flag_help_lists(tmp_path):
+    """It named --img-size, which `generate train --help` does not list; a missing folder says so first."""
+    from PIL import Image
+
+    from linvit.generate.engine import PixelImages
+
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "train" / "a" / "0.png")
+    with pytest.raises(ValueError, match=r"image folders need --resize-crop PX"):
+        PixelImages(str(tmp_path), "train", None)
+    with pytest.raises(ValueError, match="not found"):
+        PixelImages(str(tmp_path / "nope"), "train", None)
+    assert PixelImages(str(tmp_path), "train", 8).size == 8

@@ -478,3 +478,11 @@ def test_a_file_that_is_no_picture_is_one_line_naming_it(tmp_path):
     (root / "train" / "a" / "0.jpg").write_bytes(b"not a picture")
     with pytest.raises(ValueError, match=r"0\.jpg: cannot read it as an image"):
         SegmentationDataset(find_split(root, "train"), EvalTransform())[0]
+
+
+def test_one_class_segmentation_is_refused_before_training(tmp_path, capsys):
+    root = _own_data(tmp_path / "data", value=0, classes=("only",))
+    argv = ["segment", "train", "--data", str(root), "--model", "linear_infvit_tiny_patch16_224", *SEG]
+    assert cli_main([*argv, "--output", str(tmp_path / "run")]) == 2
+    assert "one class (only); segmentation needs two or more" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -78,7 +78,10 @@ class Classification(Task):
         self.replaced = torch.zeros((), dtype=torch.int64)  # undecodable training images replaced (this rank)
 
     def build(self, config: ClassifyConfig, device, rank: int, world: int) -> Parts:
-        self.num_classes = len(open_split(config.data, config.train_split).classes)
+        classes = open_split(config.data, config.train_split).classes
+        if len(classes) < 2:  # cross-entropy over one class is 0 from the first step: 100% that means nothing
+            raise UsageError(f"{config.data}: one class ({classes[0]}); a classifier needs two or more to learn from")
+        self.num_classes = len(classes)
         built = {
             "img_size": config.img_size,
             "num_classes": self.num_classes,

@@ -61,7 +61,8 @@ class PixelImages(torch.utils.data.Dataset):
             from torchvision import transforms
 
             if size is None:
-                raise UsageError("RGB images need --img-size (the side images are resized and cropped to)")
+                open_split(data, split)  # a missing folder or split says so first
+                raise UsageError("image folders need --resize-crop PX (the side they are resized and centre-cropped)")
             tf = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size), transforms.ToTensor()])
             self.source, self.channels, self.size = open_split(data, split, tf, unreadable="replace"), 3, size
         self.classes = list(self.source.classes)

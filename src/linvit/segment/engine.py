@@ -124,6 +124,8 @@ class Segmentation(Task):
         val_split = find_split(config.data, config.val_split)
         if self.split.num_classes != val_split.num_classes:
             raise UsageError(f"train and val label sets differ: {self.split.num_classes} vs {val_split.num_classes}")
+        if self.split.num_classes < 2:  # every pixel one class: loss 0 and 100% mIoU from the first step
+            raise UsageError(f"{config.data}: one class ({self.split.class_names[0]}); segmentation needs two or more")
         crop = tuple(config.crop_size) if len(config.crop_size) == 2 else (config.crop_size[0],) * 2
         train_set = SegmentationDataset(self.split, train_transform(crop, tuple(config.scale), config.hflip))
         val_set = SegmentationDataset(val_split, EvalTransform(config.img_size))
