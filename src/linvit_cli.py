@@ -13,6 +13,7 @@ Renamed flags keep their old spelling for one release, hidden from --help, with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -356,24 +357,28 @@ def _weight_flags(argv: list[str] | None) -> str:
     return f"give a weights file ({', '.join(found)}) or a run folder instead" if found else "give a run folder instead"
 
 
-def _offline_if_hub_unresolvable(argv: list[str] | None) -> None:
-    """huggingface_hub offline before a command that may download weights (--pretrained, a pretrained= model
-    kwarg, a hf: teacher, an hf-hub: model) where the Hub cannot be named (linvit.weights.hub_offline)."""
+def _hub_offline_if_unresolvable(argv: list[str] | None):
+    """huggingface_hub offline for the command, where it may download weights (--pretrained, a pretrained= model
+    kwarg, a hf: teacher, an hf-hub: model; --flag=value too) and the Hub cannot be named
+    (linvit.weights.hub_offline); a context manager, so a Python caller of main() gets its setting back."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a == "--pretrained" or "pretrained=" in a or a.startswith(("hf:", "hf-hub:")) for a in argv):
-        from linvit.weights.hub_offline import offline_if_hub_unresolvable
+    values = [a.partition("=")[2] if a.startswith("--") and "=" in a else a for a in argv]
+    if any(a == "--pretrained" or "pretrained=" in a or a.startswith(("hf:", "hf-hub:")) for a in values):
+        from linvit.weights.hub_offline import offline_while_hub_unresolvable
 
-        offline_if_hub_unresolvable()
+        return offline_while_hub_unresolvable()
+    return contextlib.nullcontext()
 
 
-def _worker_message(text: str) -> str:
-    """The error's own line where a DataLoader worker raised it: PyTorch re-raises it in the main process with
-    "Caught UsageError in DataLoader worker process N." and the worker's whole traceback as its message."""
-    if not (text.startswith("Caught ") and "Original Traceback" in text):
+def _worker_message(err: Exception) -> str:
+    """The error's own message where a DataLoader worker raised it: PyTorch re-raises it in the main process with
+    "Caught UsageError in DataLoader worker process N." and the worker's whole traceback as its message, which
+    ends with "linvit.errors.UsageError: " and the message (of any length)."""
+    text = str(err)
+    marker = f"{type(err).__module__}.{type(err).__qualname__}: "
+    if not (text.startswith("Caught ") and "Original Traceback" in text and marker in text):
         return text
-    last = text.rstrip().splitlines()[-1]  # "linvit.errors.UsageError: the message"
-    name, sep, message = last.partition(": ")
-    return message if sep and name.replace(".", "").replace("_", "").isalnum() else last
+    return text[text.rindex(marker) + len(marker) :].strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     ValueError from torch or a bug included, keeps its traceback."""
     args = parse_args(argv)
     try:
-        _offline_if_hub_unresolvable(argv)
-        args.func(args)
+        with _hub_offline_if_unresolvable(argv):
+            args.func(args)
     except KeyboardInterrupt:
         if args.debug:
             raise
@@ -394,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if not isinstance(err, UsageError) or args.debug:
             raise
-        print(f"linvit {args.command}: error: {_worker_message(str(err))}", file=sys.stderr)
+        print(f"linvit {args.command}: error: {_worker_message(err)}", file=sys.stderr)
         return 2
     except OSError as err:  # the Hugging Face Hub unreachable for --pretrained weights not in its cache
         if type(err).__name__ != "LocalEntryNotFoundError" or args.debug:

@@ -483,7 +483,9 @@ def _no_dns(monkeypatch, calls: list):
         raise socket.gaierror(-2, "Name or service not known")
 
     monkeypatch.setattr(socket, "getaddrinfo", unresolvable)
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "HF_HUB_OFFLINE"):
+    import os
+
+    for name in [n for n in os.environ if n.lower().endswith("_proxy")] + ["HF_HUB_OFFLINE"]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
 
@@ -503,9 +505,12 @@ def test_pretrained_weights_go_offline_at_once_where_the_hub_does_not_resolve(tm
     assert calls == [] and seen == [False]  # no weights asked for: no probe
     assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "deit_tiny_patch16_224", "--pretrained"]) == 0
     assert calls == ["huggingface.co"] and seen == [False, True]
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "hf-hub:timm/deit_tiny_patch16_224"]) == 0
-    assert len(calls) == 2 and seen[-1] is True  # a Hub model's config is a download too
+    assert constants.HF_HUB_OFFLINE is False  # restored for a Python caller of main()
+    assert cli_main(["predict", str(tmp_path / "a.png"), "--model=hf-hub:timm/deit_tiny_patch16_224"]) == 0
+    assert len(calls) == 2 and seen[-1] is True  # a Hub model's config is a download too; --flag=value too
+    monkeypatch.setenv("NO_PROXY", "localhost")  # exceptions to a proxy are no proxy
+    assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "deit_tiny_patch16_224", "--pretrained"]) == 0
+    assert len(calls) == 3 and seen[-1] is True
 
 
 @pytest.mark.parametrize("env", [{"HTTPS_PROXY": "http://proxy:3128"}, {"all_proxy": "socks5://p:1080"},
@@ -536,25 +541,29 @@ def test_the_probe_asks_for_hf_endpoints_host(monkeypatch):
 
 
 class _Refusing(torch.utils.data.Dataset):
+    def __init__(self, message: str) -> None:
+        self.message = message
+
     def __len__(self):
         return 2
 
     def __getitem__(self, index):
-        raise UsageError(f"data/{index}.png: label map (40, 40) does not match image 48x64")
+        raise UsageError(self.message)
 
 
-def test_an_error_raised_in_a_dataloader_worker_is_its_own_one_line(monkeypatch, capsys):
+@pytest.mark.parametrize("message", ["data/0.png: label map (40, 40) does not match image 48x64",
+                                     "data/0.png: two lines: x\nhint: do this"])  # fmt: skip
+def test_an_error_raised_in_a_dataloader_worker_is_its_own_message(monkeypatch, capsys, message):
     """PyTorch re-raises a worker's UsageError with the worker's whole traceback as its message: the CLI prints
-    the error's own line (it printed 14 lines with the default --workers 2)."""
+    the error's own message (it printed 14 lines with the default --workers 2)."""
     import linvit.prediction.classify as classify
 
     def load_in_a_worker(config):
-        next(iter(torch.utils.data.DataLoader(_Refusing(), num_workers=1)))
+        next(iter(torch.utils.data.DataLoader(_Refusing(message), num_workers=1)))
 
     monkeypatch.setattr(classify, "run_predict", load_in_a_worker)
     assert cli_main(["predict", "x.png", "--model", "deit_tiny_patch16_224"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == "linvit predict: error: data/0.png: label map (40, 40) does not match image 48x64"
+    assert capsys.readouterr().err.strip() == f"linvit predict: error: {message}"
 
 
 def test_one_class_is_refused_before_training(tmp_path, capsys):

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -326,3 +327,17 @@ def test_coco_annotations_on_a_rotated_pictures_stored_pixels_or_another_size_ar
         _rotated_coco(tmp_path, annotated=(50, 30))[0]
     with pytest.raises(ValueError, match=r"annotations say 60 x 30 pixels, the file holds 30 x 50"):
         _rotated_coco(tmp_path, annotated=(60, 30))[0]
+
+
+def test_a_turned_picture_is_named_once_in_a_warning(tmp_path, monkeypatch):
+    """A half turn or a mirror keeps the size, so annotations made on the stored pixels cannot be caught: the
+    first picture with an orientation tag is named (once a process)."""
+    import linvit.data.images as images
+
+    monkeypatch.setattr(images, "_turned_noted", False)
+    data = _rotated_coco(tmp_path, annotated=(30, 50))
+    with pytest.warns(UserWarning, match=r"a\.jpg \(and maybe others\) has EXIF orientation 6"):
+        data[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data[0]  # said once

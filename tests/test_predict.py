@@ -273,10 +273,11 @@ def test_predict_seconds_are_each_pictures_own(tmp_path, monkeypatch):
     import types
 
     import linvit.prediction.classify as classify
+    import linvit.prediction.output as output
 
     clock = [0.0]
     monkeypatch.setattr(classify, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    real_read, real_predict, real_write = classify.read_rgb, classify.predict, classify.MapWriter.write
+    real_read, real_predict, real_write = output.read_rgb, classify.predict, classify.MapWriter.write
 
     def read(path, *args):
         clock[0] += {"a.png": 1.0, "b.png": 3.0}[Path(path).name]
@@ -290,7 +291,7 @@ def test_predict_seconds_are_each_pictures_own(tmp_path, monkeypatch):
         clock[0] += 0.5
         return real_write(self, *args)
 
-    monkeypatch.setattr(classify, "read_rgb", read)
+    monkeypatch.setattr(output, "read_rgb", read)  # predict reads each picture through output.read_or_skip
     monkeypatch.setattr(classify, "predict", predict)
     monkeypatch.setattr(classify.MapWriter, "write", write)
     for name in ("a.png", "b.png"):

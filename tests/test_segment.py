@@ -280,6 +280,11 @@ def _eval_refuses_data_with_other_classes(data, run, tmp_path, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "number of classes 12, the run's 11" in err and len(err.splitlines()) == 1
+    names = list(meta["mask_classes"])
+    names[1], names[2] = names[2], names[1]  # the same count, two classes swapped: scored against the wrong ones
+    (other / "meta.json").write_text(json.dumps({**meta, "mask_classes": names}))
+    assert cli_main(argv) == 2
+    assert "label names at 1 'digit 1', the run's 'digit 0'" in capsys.readouterr().err
 
 
 def test_segment_torchrun_two_processes_agree(data, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from PIL import Image, ImageOps
 from ..errors import UsageError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp")
+ORIENTATION = 0x0112  # EXIF's orientation tag
 DEFAULT_MAX_PIXELS = 2**28  # 268 megapixels (16384 x 16384); read_rgb's own guard, in place of PIL's
 
 
@@ -72,7 +74,26 @@ def load_rgb_and_stored_size(path: str | Path) -> tuple[Image.Image, tuple[int, 
     (boxes, label maps) disagree with the upright size, the stored one says whether they were made on it. A file
     that is not a picture is a one-line error naming it."""
     with unreadable_as_usage_error(path), Image.open(path) as image:
+        if (tag := orientation(image)) != 1:
+            _note_turned(path, tag)
         return upright_rgb(image), image.size
+
+
+_turned_noted = False  # per process (each data-loading worker says it once)
+
+
+def _note_turned(path: str | Path, tag: int) -> None:
+    """Say once that annotated pictures carry an orientation tag: a turn that swaps width and height shows in
+    the annotations' size (an error), a half turn or a mirror does not."""
+    global _turned_noted
+    if not _turned_noted:
+        _turned_noted = True
+        warnings.warn(
+            f"{path} (and maybe others) has EXIF orientation {tag}: pictures are read upright, as predict reads them, "
+            "so its boxes or label map must be in upright pixels (a half turn or a mirror cannot be told from their "
+            "size)",
+            stacklevel=2,
+        )
 
 
 @contextlib.contextmanager
@@ -96,8 +117,16 @@ def exif_rotation_error(what: str, path: str | Path, stored: tuple[int, int], up
 
 
 def upright_rgb(image: Image.Image) -> Image.Image:
-    """EXIF orientation applied, then to_rgb."""
-    return to_rgb(ImageOps.exif_transpose(image))
+    """EXIF orientation applied, then to_rgb (exif_transpose copies the whole picture even with no tag to apply,
+    which made reading a 683 x 512 JPEG 2.8 ms instead of 1.2 here: it runs only where the tag turns or mirrors)."""
+    if orientation(image) != 1:
+        image = ImageOps.exif_transpose(image)
+    return to_rgb(image)
+
+
+def orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag (1: stored as shown, 2-8: mirrored and/or turned), 1 without one."""
+    return image.getexif().get(ORIENTATION, 1)
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -138,7 +138,8 @@ class CocoDetection(Dataset):
         annotated = (info["width"], info["height"])
         if image.size != annotated:
             if stored == annotated:
-                raise UsageError(exif_rotation_error("its annotation (width, height)", path, stored, image.size))
+                error = exif_rotation_error("its annotation (width, height)", path, stored, image.size)
+                raise UsageError(f"{error} (or, where the boxes were drawn upright, give the json the upright size)")
             raise UsageError(
                 f"{path}: the annotations say {annotated[0]} x {annotated[1]} pixels, the file holds "
                 f"{image.size[0]} x {image.size[1]}: boxes would land in the wrong place"

@@ -189,7 +189,8 @@ def run_segment_eval(config: SegmentEvalConfig) -> dict:
         config, folder = use_run_folder(config)  # --checkpoint RUN: the segmenter is rebuilt from the run's args.yaml
         config = config.replace(split=config.split or "val")
         split = find_split(config.data, config.split)
-        check_run_labels(folder, config.data, num_classes=split.num_classes)
+        names = {"label_names": split.class_names} if split.layout == "masks" else {}  # meta.json's names (ADE's
+        check_run_labels(folder, config.data, num_classes=split.num_classes, **names)  # may be placeholders)
         model = build_model(config, split.num_classes)
         if config.checkpoint:
             load_weights(model, config.checkpoint)

@@ -10,18 +10,20 @@ probed there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from urllib.parse import urlparse
+from urllib.request import getproxies
 
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 HUB = "https://huggingface.co"
 
 
 def hub_host_unresolvable() -> bool:
     """The Hub's host (HF_ENDPOINT's, else huggingface.co) does not resolve and no proxy is configured, nor
     offline mode already asked for."""
-    if any(os.environ.get(v) for v in PROXY_VARIABLES) or os.environ.get("HF_HUB_OFFLINE"):
+    proxies = {scheme for scheme in getproxies() if scheme != "no"}  # the environment's, and the OS's settings
+    if proxies or os.environ.get("HF_HUB_OFFLINE"):  # on macOS and Windows; "no": NO_PROXY's exceptions
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT") or HUB).hostname
     if not host:
@@ -35,13 +37,19 @@ def hub_host_unresolvable() -> bool:
     return False
 
 
-def offline_if_hub_unresolvable() -> bool:
-    """huggingface_hub in offline mode for this process where the Hub cannot be named; True when it was set."""
-    if not hub_host_unresolvable():
-        return False
+@contextlib.contextmanager
+def offline_while_hub_unresolvable():
+    """huggingface_hub in offline mode inside the block where the Hub cannot be named (its setting restored after);
+    yields whether it was set."""
     try:
         from huggingface_hub import constants
     except ImportError:
-        return False
-    constants.HF_HUB_OFFLINE = True
-    return True
+        yield False
+        return
+    before = constants.HF_HUB_OFFLINE
+    offline = hub_host_unresolvable()
+    constants.HF_HUB_OFFLINE = before or offline
+    try:
+        yield offline
+    finally:
+        constants.HF_HUB_OFFLINE = before

@@ -105,20 +105,38 @@ def use_run_folder(config: C) -> tuple[C, Path | None]:
 
 
 def check_run_labels(folder: Path | None, data, **labels) -> None:
-    """The data's labels (num_classes=, category_ids=) are the ones the run at folder recorded in its config.json:
-    a model scored on other classes reads its own labels as the data's (a renamed COCO category) or fails to load
-    with a shape error. Nothing to check for a checkpoint outside a run folder."""
+    """The data's labels (num_classes=, label_names=, category_ids=) are the ones the run at folder recorded in its
+    config.json: a model scored on other classes reads its own labels as the data's (a renamed COCO category,
+    reordered classes) or fails to load with a shape error. Nothing to check for a checkpoint outside a run
+    folder, or for a run that has not finished (config.json is written at its end)."""
     found = read_run_config(folder) if folder is not None else None
     if found is None:
         return
-    recorded = found[1]["linvit"]
+    recorded = {**found[1], **found[1]["linvit"]}  # label_names sits beside timm's keys, the rest under "linvit"
     for key, value in labels.items():
         if key in recorded and _as_list(recorded[key]) != _as_list(value):
+            what = key.replace("num_", "number of ").replace("_", " ")
             raise UsageError(
-                f"{data}: {key.replace('num_', 'number of ').replace('_', ' ')} {value}, the run's {recorded[key]} "
-                f"({found[0] / CONFIG}): a model scores only the classes it was trained on; evaluate it on data "
-                "labelled the same way"
+                f"{data}: {what} {_difference(recorded[key], value)} ({found[0] / CONFIG}): a model scores only the "
+                "classes it was trained on; evaluate it on data labelled the same way"
             )
+
+
+def _difference(run, data) -> str:
+    """Where the data's labels depart from the run's: the values when short, else the first that differs."""
+    run, data = _as_list(run), _as_list(data)
+    if len(run) <= 8 and len(data) <= 8:
+        return f"{_shown(data)}, the run's {_shown(run)}"
+    i = next(i for i in range(max(len(run), len(data))) if _at(run, i) != _at(data, i))
+    return f"at {i} {_at(data, i)!r}, the run's {_at(run, i)!r}"
+
+
+def _shown(values: list):
+    return values[0] if len(values) == 1 else values
+
+
+def _at(values: list, i: int):
+    return values[i] if i < len(values) else None
 
 
 def _as_list(value) -> list:
