@@ -23,7 +23,7 @@ this table instead of importing the configs, which import torch."""
 
 def render() -> str:
     """The module's text, one entry a line with trailing commas (what ruff format leaves as it is)."""
-    lines = [f"{HEADER}HELP_DEFAULTS: dict[str, dict[str, str]] = {{"]
+    lines = [f"{HEADER}HELP_DEFAULTS: dict[str, dict[str, str | list[str]]] = {{"]
     for command, defaults in linvit_cli.help_defaults().items():
         if not defaults:
             lines.append(f"    {json.dumps(command)}: {{}},")

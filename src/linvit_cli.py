@@ -79,13 +79,13 @@ def _flags(row: Command):
         yield from item.flags if isinstance(item, Group) else (item,)
 
 
-def _add_flag(container, spec: Flag, shown_default: str | None = None) -> argparse.Action:
+def _add_flag(container, spec: Flag, shown_default: str | list[str] | None = None) -> argparse.Action:
     """One flag, with no default of its own (the config's fills it in after parsing; shown_default: the text its
     help ends with); a renamed flag and its old spelling are a pair: either satisfies required=True, both at once
     is an error."""
     kwargs = {"default": argparse.SUPPRESS, **spec.kwargs}
-    if shown_default is not None and kwargs.get("nargs") is None and " " in shown_default:
-        shown_default = shown_default.replace(" ", ",")  # a list the flag takes as one comma list (--res 224,512)
+    if isinstance(shown_default, list):  # as the flag takes it: words (nargs) or one comma list (--res 224,512)
+        shown_default = (" " if kwargs.get("nargs") is not None else ",").join(shown_default)
     if shown_default is not None and "default" not in (kwargs.get("help") or ""):
         kwargs["help"] = f"{kwargs.get('help') or ''} (default: {shown_default})".lstrip()
     if spec.old is None:
@@ -169,12 +169,13 @@ def command_defaults(row: Command) -> dict:
     return {dest: value for dest, value in defaults.items() if value is not dataclasses.MISSING}
 
 
-def default_as_text(value) -> str | None:
+def default_as_text(value) -> str | list[str] | None:
     """How --help shows a config default: a word or a number as the config has it, "on" for a switch that is on,
-    a short list of them as the flag takes them ("0.5 2.0"); None (not shown) for none, off, empty or long lists
+    a short list of them as a list (the flag's help joins it as the flag takes it); None (not shown) for none, off,
+    empty or long lists
     and mappings (their flags' help says what they hold)."""
     if isinstance(value, list | tuple) and 0 < len(value) <= 4 and all(_scalar(v) for v in value):
-        return " ".join(f"{v:.4g}" if isinstance(v, float) else default_as_text(v) for v in value)
+        return [f"{v:.4g}" if isinstance(v, float) else default_as_text(v) for v in value]
     if value is True:
         return "on"
     if value is None or value is False or value == "" or not _scalar(value):
@@ -186,7 +187,7 @@ def _scalar(value) -> bool:
     return isinstance(value, str | int | float) and not isinstance(value, bool) and value != ""
 
 
-def help_defaults() -> dict[str, dict[str, str]]:
+def help_defaults() -> dict[str, dict[str, str | list[str]]]:
     """{command words: {flag dest: its default as --help shows it}} for every row (imports every config: what
     scripts/write_help_defaults.py writes to src/linvit_help_defaults.py, which --help reads without torch)."""
     table = {}

@@ -2,7 +2,7 @@
 scripts/write_help_defaults.py from the configs (tests/test_cli_consistency.py checks it is current); --help reads
 this table instead of importing the configs, which import torch."""
 
-HELP_DEFAULTS: dict[str, dict[str, str]] = {
+HELP_DEFAULTS: dict[str, dict[str, str | list[str]]] = {
     "models": {
         "macs_at": "224",
     },
@@ -12,7 +12,7 @@ HELP_DEFAULTS: dict[str, dict[str, str]] = {
         "iters": "5",
         "min_time": "0.0",
         "mode": "infer",
-        "res": "224 512 1024",
+        "res": ["224", "512", "1024"],
         "runtime": "eager",
         "task": "classify",
         "timeout": "600.0",
@@ -51,9 +51,9 @@ HELP_DEFAULTS: dict[str, dict[str, str]] = {
         "model_ema_decay": "0.99996",
         "opt": "adamw",
         "progress": "on",
-        "ratio": "0.75 1.333",
+        "ratio": ["0.75", "1.333"],
         "reprob": "0.25",
-        "scale": "0.08 1",
+        "scale": ["0.08", "1"],
         "seed": "0",
         "smoothing": "0.1",
         "strategy": "ddp",
@@ -164,7 +164,7 @@ HELP_DEFAULTS: dict[str, dict[str, str]] = {
         "amp": "none",
         "batch_size": "8",
         "compile": "off",
-        "crop_size": "512",
+        "crop_size": ["512"],
         "device": "auto",
         "epochs": "50",
         "head_channels": "128",
@@ -174,7 +174,7 @@ HELP_DEFAULTS: dict[str, dict[str, str]] = {
         "opt": "adamw",
         "progress": "on",
         "pyramid_channels": "256",
-        "scale": "0.5 2",
+        "scale": ["0.5", "2"],
         "seed": "0",
         "strategy": "ddp",
         "train_split": "train",

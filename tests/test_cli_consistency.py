@@ -113,7 +113,10 @@ def test_help_shows_every_scalar_default_from_a_current_table():
     train = PARSER.commands[("train",)].format_help()
     assert "(default: adamw)" in train and "(default: 0.05)" in train and "(default: on)" in train
     assert linvit_cli.default_as_text(None) is None and linvit_cli.default_as_text([]) is None
-    assert linvit_cli.default_as_text([512]) == "512" and linvit_cli.default_as_text([0.75, 4 / 3]) == "0.75 1.333"
+    assert linvit_cli.default_as_text([512]) == ["512"] and linvit_cli.default_as_text([0.75, 4 / 3]) == [
+        "0.75",
+        "1.333",
+    ]
     assert linvit_cli.default_as_text({"a": 1}) is None and linvit_cli.default_as_text([1, 2, 3, 4, 5]) is None
     segment = PARSER.commands[("segment", "train")].format_help()  # a list default is shown as the flag takes it
     assert "(default: 512)" in segment and "(default: 0.5 2)" in segment

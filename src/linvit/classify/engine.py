@@ -80,7 +80,8 @@ class Classification(Task):
     def build(self, config: ClassifyConfig, device, rank: int, world: int) -> Parts:
         classes = open_split(config.data, config.train_split).classes
         if len(classes) < 2:  # cross-entropy over one class is 0 from the first step: 100% that means nothing
-            raise UsageError(f"{config.data}: one class ({classes[0]}); a classifier needs two or more to learn from")
+            found = f"one class ({classes[0]})" if classes else "no class"
+            raise UsageError(f"{config.data}: {found}; a classifier needs two or more to learn from")
         self.num_classes = len(classes)
         built = {
             "img_size": config.img_size,

@@ -75,8 +75,8 @@ def use_run_folder(config: C) -> tuple[C, Path | None]:
     """(config, run folder) for `... eval --checkpoint RUN` (or a file in RUN): a folder means its
     model.safetensors, and without a model name the model is rebuilt from the run's args.yaml (name, kwargs,
     conversion, head widths, and the input size and split (its val split) unless given). The run folder is None
-    when the checkpoint is
-    not in one. config is any command's Config with ``checkpoint`` and ``model`` fields; a new one is returned.
+    when the checkpoint is not in one. config is any command's Config with ``checkpoint`` and ``model`` fields; a
+    new one is returned.
     """
     if not config.checkpoint:
         if config.model is None:
