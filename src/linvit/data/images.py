@@ -47,17 +47,13 @@ def read_rgb(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Im
     pil_guard = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = None  # the check below replaces PIL's, which would refuse 179 MP whatever max_pixels says
     try:
-        with Image.open(path) as image:
+        with unreadable_as_usage_error(path), Image.open(path) as image:
             if image.width * image.height > max_pixels:
                 raise UsageError(
                     f"{path}: {image.width} x {image.height} is {image.width * image.height:,} pixels, above "
                     f"--max-pixels {max_pixels:,}; raise it if you mean to read this image"
                 )
             return upright_rgb(image)
-    except UsageError:
-        raise
-    except (OSError, SyntaxError, ValueError) as err:
-        raise UsageError(f"{path}: cannot read it as an image ({type(err).__name__}: {err})") from err
     finally:
         Image.MAX_IMAGE_PIXELS = pil_guard
 
