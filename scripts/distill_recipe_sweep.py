@@ -3,8 +3,8 @@
 The 64-token table of docs/results.md distils with Katz's recipe (2 epochs of attention transfer at lr 2e-3, 1
 end to end at lr 1e-4, output MSE plus Hedgehog's attention-weight loss: `distill, mse+xent`). Here each variant
 changes one thing of that recipe -- a rate (the maps' own too), the stage split, the learned map's size, the first
-discount, the end-to-end loss; one row joins the two that raised the Katz student -- for the Katz student that
-keeps most (katz_rows:hedgehog) and, where given, the anchor form (linear_attention:hedgehog), on the same
+discount or its own rate, the end-to-end loss; one row joins the two that raised the Katz student -- for the Katz
+student that keeps most (katz_rows:hedgehog) and, where given, the anchor form (linear_attention:hedgehog), on the same
 64-token teachers (scripts/distill_experiment.py --part vision --task digit64 trains them) and the same 10% budget.
 Each variant's runs are paired seed by seed with the recipe's own run (OUT/vision64/distill_transfer_xent, the
 table's runs, made here if missing). Resumable stage by stage; writes docs/distill/recipe_sweep64.json and its
@@ -33,6 +33,7 @@ from distill_experiment import (
     transfer_heavy_argv,
 )
 from distill_report import distill_runs_arguments, rounded, write_section
+from safetensors.torch import load_file as safetensors_load
 
 from linvit.reproduce.stages import run_stages
 from linvit.reproduce.stats import mean_interval, paired_difference
@@ -73,6 +74,16 @@ SWEEP = {
     "gamma_0.01": (
         "first discount 0.01 (not 0.5): the anchor's limit, hops past the first ~1%",
         ["--gamma-init", "0.01"],
+    ),
+    # the discount learned, not chosen: its logit at a rate that lets it leave its start in 58 transfer steps (Adam
+    # moves theta by about the rate a step), so each head weighs its own hops past the first
+    "gamma_lr_3e-2": (
+        "the discounts learned at lr 3e-2 in attention transfer (--gamma-lr; the rest at 2e-3)",
+        ["--gamma-lr", "3e-2"],
+    ),
+    "gamma_lr_1e-1": (
+        "the discounts learned at lr 1e-1 in attention transfer (--gamma-lr; the rest at 2e-3)",
+        ["--gamma-lr", "1e-1"],
     ),
     # the end-to-end stage's loss (the teacher's logits, KL at temperature 1): ViT-AdaLA's feature alignment, the
     # labels, a softer target
@@ -125,6 +136,9 @@ def summary(out: Path) -> dict:
                     "retention": mean_interval(list(retention.values())),
                     "vs_recipe": None if name == "recipe" else paired_difference(val, paired),
                     "vs_anchor": _vs_anchor(part, teachers, mixer, name, val),
+                    "discounts": _discounts(
+                        part, f"{BASE}/{mixer}/b{BUDGET:g}" if name == "recipe" else f"sweep/{name}/{mixer}", val
+                    ),
                 }
             )
     return {"task": TASK, "budget": BUDGET, "teachers": teachers, "rows": rows}
@@ -141,6 +155,19 @@ def _vs_anchor(part: Path, teachers: dict, mixer: str, variant: str, val: dict) 
     return paired_difference(val, anchor) if set(val) & set(anchor) else None
 
 
+def _discounts(part: Path, folder: str, seeds) -> dict | None:
+    """The students' per-head discounts gamma = sigmoid(theta) at the end (every layer, every seed run): where
+    a learned discount went, and that a chosen one stayed; None for a form without one."""
+    gammas = []
+    for seed in seeds:
+        weights = safetensors_load(part / folder / f"s{seed}" / "model.safetensors")
+        gammas += [torch.sigmoid(v.double()) for k, v in weights.items() if k.endswith(".theta")]
+    if not gammas:
+        return None
+    every = torch.cat(gammas)
+    return {"min": every.min().item(), "mean": every.mean().item(), "max": every.max().item(), "heads": len(every)}
+
+
 def table(data: dict) -> str:
     """The markdown block between the markers."""
     teachers = ", ".join(f"{v:g}" for v in data["teachers"].values())
@@ -152,20 +179,28 @@ def table(data: dict) -> str:
         "run, with its 95% interval where "
         "there are several; `vs recipe`: the change of val top-1 against the recipe's own run of each seed "
         "(points, paired); `vs the anchor`: the same against the anchor form's run of each seed with the same "
-        "change (its recipe for a first discount, which it does not have).",
+        "change (its recipe for a first discount, which it does not have); `discounts at the end`: the students' "
+        "gamma over every head, layer and seed run, mean (min-max).",
         "",
         "| student | variant | seeds | val top-1 per seed | retention (%) | vs recipe (points) "
-        "| vs the anchor (points, paired) |",
-        "|---|---|---|---|---|---|---|",
+        "| vs the anchor (points, paired) | discounts at the end |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in data["rows"]:
         what = "recipe" if row["variant"] == "recipe" else SWEEP[row["variant"]][0]
         values = ", ".join(f"{v:.1f}" for v in row["val_top1"])
         lines.append(
             f"| {FORMS[row['form']]} | {what} | {len(row['seeds'])} | {values} | {_interval(row['retention'])} "
-            f"| {_interval(row['vs_recipe'], signed=True)} | {_interval(row.get('vs_anchor'), signed=True)} |"
+            f"| {_interval(row['vs_recipe'], signed=True)} | {_interval(row.get('vs_anchor'), signed=True)} "
+            f"| {_discount_range(row.get('discounts'))} |"
         )
     return "\n".join(lines)
+
+
+def _discount_range(stat: dict | None) -> str:
+    if stat is None:
+        return "-"
+    return f"{stat['mean']:.2f} ({stat['min']:.2f}-{stat['max']:.2f})"
 
 
 def _interval(stat: dict | None, signed: bool = False) -> str:

@@ -580,6 +580,12 @@ COMMANDS = (
             help="attention transfer: the learned feature maps' (:hedgehog) learning rate, the rest of each "
             "converted layer at --transfer-lr (default: --transfer-lr's)",
         ),
+        flag(
+            "--gamma-lr",
+            type=RATE,
+            help="attention transfer: the learning rate of the discounts (theta = logit(gamma), one a head), the rest "
+            "at --transfer-lr (default: --transfer-lr's)",
+        ),
         flag("--lora-rank", type=NON_NEGATIVE, help="end to end: LoRA of this rank (0, the default: every weight)"),
         flag("--temperature", type=float, help="softening of both models' logits (default: 1)"),
         flag("--hard-weight", type=float, help="share of the label loss (0, the default: the teacher only)"),

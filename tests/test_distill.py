@@ -58,6 +58,12 @@ def _vit_teacher():
     return load_teacher("vit_4l_patch16_224", model_kwargs=TINY_VIT, img_size=[32])
 
 
+def _gpt2_model(tmp_path):
+    import transformers
+
+    return transformers.GPT2LMHeadModel.from_pretrained(_gpt2_folder(tmp_path))
+
+
 def _gpt2_folder(tmp_path, layers: int = 2):
     import transformers
 
@@ -192,6 +198,58 @@ def test_map_lr_scales_the_maps_in_attention_transfer_only():
     transfer = Distillation("attention").lr_scales(student, config.replace(lr=2e-3))
     assert maps and set(transfer) == maps and list(transfer.values()) == pytest.approx([5.0] * len(maps))
     assert Distillation("end-to-end").lr_scales(student, config) == {}
+
+
+def test_gamma_lr_gives_every_discount_its_own_rate_in_attention_transfer_only(tmp_path):
+    """--gamma-lr: each converted layer's theta = logit(gamma) at gamma_lr / transfer_lr, beside --map-lr's maps;
+    nothing else is scaled, and the end-to-end stage trains everything at --lr."""
+    from linvit.distillation.task import Distillation, discount_logits
+    from linvit.layers.feature_maps import HedgehogFeatureMap
+
+    student = make_student(_vit_teacher().model, "katz_rows:hedgehog", 0.5)
+    thetas = {p for n, p in student.named_parameters() if n.endswith(".theta")}
+    maps = {p for m in student.modules() if isinstance(m, HedgehogFeatureMap) for p in m.parameters()}
+    assert len(thetas) == TINY_VIT["depth"] and set(discount_logits(student)) == thetas
+    config = DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows:hedgehog", gamma_lr=1e-1, lr=2e-3)
+    scales = Distillation("attention").lr_scales(student, config)
+    assert set(scales) == thetas and list(scales.values()) == pytest.approx([50.0] * len(thetas))
+    both = Distillation("attention").lr_scales(student, config.replace(map_lr=1e-2))
+    assert [both[p] for p in thetas] == pytest.approx([50.0] * len(thetas))
+    assert [both[p] for p in maps] == pytest.approx([5.0] * len(maps))
+    assert Distillation("end-to-end").lr_scales(student, config) == {}
+    lm = linvit.convert(_gpt2_model(tmp_path), "katz_infsa", gamma_init=0.5)  # a language student's infsa_theta
+    assert [p.shape for p in discount_logits(lm)] == [torch.Size([4])] * 2
+
+
+def test_a_learned_discount_moves_at_gamma_lr(digits, tmp_path, capsys):
+    """At --gamma-lr 0.1 the discount leaves its start in a few steps (Adam: about the rate a step on theta, so
+    100 times the transfer rate's move)."""
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", *(f"{k}={v}" for k, v in TINY_VIT.items())]
+    argv += ["--data", str(digits), "--img-size", "32", "--mixer", "katz_rows", "--stages", "attention"]
+    argv += ["--transfer-lr", "1e-3", "--transfer-epochs", "3", "--workers", "0", "--device", "cpu"]
+    argv += ["--no-progress", "--batch-size", "8"]
+    moved = {}
+    for name, extra in (("slow", []), ("fast", ["--gamma-lr", "1e-1"])):
+        assert cli_main([*argv, *extra, "--output", str(tmp_path / name)]) == 0
+        weights = safetensors_load(tmp_path / name / "model.safetensors")
+        gammas = torch.cat([torch.sigmoid(v) for k, v in weights.items() if k.endswith(".theta")])
+        moved[name] = (gammas - 0.5).abs().max().item()
+    assert moved["fast"] > 0.05 and moved["fast"] > 30 * moved["slow"], moved
+    capsys.readouterr()
+    resumed = [*argv, "--gamma-lr", "3e-2", "--output", str(tmp_path / "fast"), "--resume", "auto"]
+    assert cli_main(resumed) == 2  # a changed rate of a finished stage's discounts: refused, not silently kept
+    assert "--gamma-lr 0.1 -> 0.03" in capsys.readouterr().err
+
+
+def test_gamma_lr_is_refused_where_there_is_no_discount(digits, tmp_path, capsys):
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--data", str(digits), "--output", str(tmp_path / "run")]
+    assert cli_main([*argv, "--mixer", "linear_attention:hedgehog", "--gamma-lr", "1e-1"]) == 2
+    assert "linear_attention:hedgehog has no discount" in capsys.readouterr().err
+    assert cli_main([*argv, "--mixer", "katz_rows:hedgehog", "--transfer-loss", "xent", "--gamma-lr", "1e-1"]) == 2
+    assert "only the learned maps train, not the discount" in capsys.readouterr().err
+    for bad in (0.0, math.inf, True):
+        with pytest.raises(UsageError, match="gamma_lr must be a finite learning rate"):
+            DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows", gamma_lr=bad)
 
 
 def test_map_lr_is_refused_where_there_is_no_learned_map(digits, tmp_path, capsys):

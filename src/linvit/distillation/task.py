@@ -37,6 +37,7 @@ from ..engine.resume import find_resume
 from ..engine.sharding import is_sharded
 from ..errors import UsageError
 from ..layers.feature_maps import HedgehogFeatureMap
+from ..layers.infsa_attention import InfSABase
 from ..mixers import conversion_forms, get_mixer
 from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
@@ -72,7 +73,7 @@ class DistillConfig(TrainConfig):
     """`linvit distill`: the teacher, the student's mixer, the two stages' lengths and the losses' weights."""
 
     # runs from before each option: the value they ran with, as stored (a resume asking another is refused)
-    ABSENT_MEANS: ClassVar[dict[str, str]] = {"transfer_loss": "mse", "map_lr": "None"}
+    ABSENT_MEANS: ClassVar[dict[str, str]] = {"transfer_loss": "mse", "map_lr": "None", "gamma_lr": "None"}
 
     teacher: str | None = None
     teacher_file: str | None = None
@@ -89,6 +90,7 @@ class DistillConfig(TrainConfig):
     transfer_lr: float = 1e-3
     transfer_loss: str = "mse"  # mse | xent | mse+xent: output MSE, Hedgehog's attention-weight CE (attention_weights)
     map_lr: float | None = None  # attention transfer's rate for the learned maps (:hedgehog); None: transfer_lr
+    gamma_lr: float | None = None  # attention transfer's rate for the discounts' logits theta; None: transfer_lr
     lora_rank: int = 0
     temperature: float = 1.0
     hard_weight: float = 0.0
@@ -107,6 +109,7 @@ class DistillConfig(TrainConfig):
             self._check_mixer()
         check_transfer_loss(self.transfer_loss, None if self.mixer == AUTO else self.mixer)
         self._check_map_lr()
+        self._check_gamma_lr()
         if self.stages not in STAGES:
             raise UsageError(f"stages must be one of {', '.join(STAGES)}, got {self.stages!r}")
         if not 0.0 <= self.hard_weight <= 1.0:
@@ -129,6 +132,18 @@ class DistillConfig(TrainConfig):
             raise UsageError(
                 "map_lr: with transfer_loss xent only the learned maps train; give their rate as transfer_lr"
             )
+
+    def _check_gamma_lr(self) -> None:
+        if self.gamma_lr is None:
+            return
+        if isinstance(self.gamma_lr, bool) or not isinstance(self.gamma_lr, numbers.Real):
+            raise UsageError(f"gamma_lr must be a finite learning rate > 0, got {self.gamma_lr!r}")
+        if not 0 < self.gamma_lr < math.inf:
+            raise UsageError(f"gamma_lr must be a finite learning rate > 0, got {self.gamma_lr!r}")
+        if self.mixer != AUTO and not get_mixer(self.mixer.partition(":")[0], warn=False).discount:
+            raise UsageError(f"gamma_lr: {self.mixer} has no discount (the InfSA forms learn one a head)")
+        if self.transfer_loss == "xent" and self.stages != "end-to-end":  # the maps alone train there
+            raise UsageError("gamma_lr: with transfer_loss xent only the learned maps train, not the discount")
 
     def _check_mixer(self) -> None:
         if self.gamma_init is None:
@@ -231,12 +246,19 @@ class Distillation(Task):
         return [self.teacher.model]  # sharded under --strategy fsdp like the student
 
     def lr_scales(self, model: nn.Module, config: DistillConfig) -> dict[nn.Parameter, float]:
-        """Attention transfer with --map-lr: the learned maps at their own rate (LoLCATs trains its maps at
-        1e-2), the rest of the converted layers at --transfer-lr (this stage's lr)."""
-        if self.stage != "attention" or config.map_lr is None:
+        """Attention transfer with --map-lr / --gamma-lr: the learned maps (LoLCATs trains its maps at 1e-2) and
+        the discounts' logits at their own rates, the rest of the converted layers at --transfer-lr (this
+        stage's lr). Adam moves theta = logit(gamma) by about the rate a step: at 2e-3 the discount cannot
+        leave its start in a short run (docs/results.md)."""
+        if self.stage != "attention":
             return {}
-        maps = [m for m in model.modules() if isinstance(m, HedgehogFeatureMap)]
-        return {p: config.map_lr / config.lr for m in maps for p in m.parameters() if p.requires_grad}
+        scales = {}
+        if config.map_lr is not None:
+            maps = [m for m in model.modules() if isinstance(m, HedgehogFeatureMap)]
+            scales.update({p: config.map_lr / config.lr for m in maps for p in m.parameters() if p.requires_grad})
+        if config.gamma_lr is not None:
+            scales.update({p: config.gamma_lr / config.lr for p in discount_logits(model) if p.requires_grad})
+        return scales
 
     @property
     def samples(self) -> str:
@@ -290,7 +312,22 @@ class Distillation(Task):
         )
 
     def _map_rate(self, config: DistillConfig) -> str:
-        return f" (learned maps {config.map_lr:.3g})" if self.stage == "attention" and config.map_lr else ""
+        if self.stage != "attention":
+            return ""
+        rates = [f"learned maps {config.map_lr:.3g}"] if config.map_lr else []
+        rates += [f"discounts {config.gamma_lr:.3g}"] if config.gamma_lr else []
+        return f" ({', '.join(rates)})" if rates else ""
+
+
+def discount_logits(model: nn.Module) -> list[nn.Parameter]:
+    """Every converted layer's per-head theta = logit(gamma): the InfSA layers' and a converted language model's
+    (conversion.language adds infsa_theta to its attention modules)."""
+    found = []
+    for module in model.modules():
+        theta = module.theta if isinstance(module, InfSABase) else getattr(module, "infsa_theta", None)
+        if isinstance(theta, nn.Parameter):
+            found.append(theta)
+    return found
 
 
 def _image_parts(task: Distillation, config: DistillConfig, rank: int, world: int):
@@ -436,7 +473,7 @@ def _end_to_end_config(config: DistillConfig) -> DistillConfig:
 
 
 END_TO_END_FIELDS = ("epochs", "lr", "lora_rank", "temperature", "hard_weight", "feature_weight")
-TRANSFER_FIELDS = ("transfer_epochs", "transfer_lr", "transfer_loss", "map_lr")
+TRANSFER_FIELDS = ("transfer_epochs", "transfer_lr", "transfer_loss", "map_lr", "gamma_lr")
 SKIPPED_STAGE_FIELDS = {"attention": END_TO_END_FIELDS, "end-to-end": TRANSFER_FIELDS}
 STAGE_HINTS = {
     "attention": "runs attention transfer only (its length and rate are --transfer-epochs, --transfer-lr)",

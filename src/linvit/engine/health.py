@@ -14,7 +14,7 @@ class DeadHeadStats:
 
     Every InfSA layer (an attribute ``record_dead``) adds, per head, the images whose scores were all zero
     (Linear-InfSA: importance; pure: the ReLU scores; Katz with ReLU features: either side's features) to a
-    device tensor in its forward (layers.infsa_attention._InfSABase.note_dead); the epoch's single host sync
+    device tensor in its forward (layers.infsa_attention.InfSABase.note_dead); the epoch's single host sync
     reads them with the loss. metrics.jsonl gets ``dead_share`` (dead (image, head) pairs over all layers) and
     ``dead_heads`` (heads dead for >= DEAD_HEAD of the epoch's images); families without InfSA get neither.
     """

@@ -118,7 +118,7 @@ class FoldedWeights(NamedTuple):
     gamma: torch.Tensor  # (H,): the discount, applied to the (B, H) normaliser
 
 
-class _InfSABase(nn.Module):
+class InfSABase(nn.Module):
     """Shared projections, per-head learnable discount and output path of the InfSA attentions.
 
     ``forward`` is the one place the three mixers meet graph capture: under torch.fx.symbolic_trace the layer is
@@ -211,7 +211,7 @@ class _InfSABase(nn.Module):
 
 @register_mixer("pure_infsa", maps=INFSA_MAPS, aliases=("pure",))
 @register_notrace_module  # a leaf (one call_module node) in timm's FX feature extraction
-class PureInfSAAttention(_InfSABase):
+class PureInfSAAttention(InfSABase):
     """Pure InfSA: one Frobenius-normalised diffusion hop, gamma * A^ v (quadratic in tokens).
 
     ``impl`` selects the dense form, the memory-bounded two-pass form, or "auto" (by size).
@@ -266,7 +266,7 @@ def token_views(x: torch.Tensor) -> list[torch.Tensor]:
     aliases=("linear",),
 )
 @register_notrace_module
-class LinearInfSAAttention(_InfSABase):
+class LinearInfSAAttention(InfSABase):
     """Linear-InfSA: every token receives the importance-pooled value z (O(N) in tokens).
 
     With ``fold_kv=True`` (default) the K and V projections are folded into the soft query
@@ -450,7 +450,7 @@ class LinearInfSAAttention(_InfSABase):
     aliases=("katz",),
 )
 @register_notrace_module
-class KatzInfSAAttention(_InfSABase):
+class KatzInfSAAttention(InfSABase):
     """Katz-InfSA: the exact infinite-hop series sum_t gamma^t A^^t v in O(N d^2) (linvit.ops.katz_infsa).
 
     Token-dependent outputs like pure InfSA, linear cost like Linear-InfSA. The attention matrix is
