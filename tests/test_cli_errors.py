@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn as nn
 
+import linvit
 from linvit.cli import main as cli_main
 from linvit.data import build_cluttered_mnist, load_boxes
 from linvit.errors import UsageError
@@ -510,6 +512,36 @@ def test_pretrained_weights_go_offline_at_once_where_the_hub_does_not_resolve(tm
     assert len(calls) == 2 and seen[-1] is True  # a Hub model's config is a download too; --flag=value too
     monkeypatch.setenv("NO_PROXY", "localhost")  # exceptions to a proxy are no proxy
     assert cli_main(["predict", str(tmp_path / "a.png"), "--model", "deit_tiny_patch16_224", "--pretrained"]) == 0
+    assert len(calls) == 3 and seen[-1] is True
+
+
+def test_python_callers_of_create_model_and_hf_teachers_go_offline_too(monkeypatch):
+    """linvit.create_model(pretrained=True) and an hf: teacher from Python (no CLI around them) are put offline
+    for their download where the Hub does not resolve; a local weights file or no weights probe nothing."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    import linvit.distillation.teacher as teacher
+    import linvit.models.variants as variants
+    from linvit.distillation import load_teacher
+
+    calls, seen = [], []
+    _no_dns(monkeypatch, calls)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(
+        variants, "_create_taking", lambda *args: seen.append(constants.HF_HUB_OFFLINE) or nn.Linear(1, 1)
+    )
+    hf_teacher = teacher.Teacher(nn.Linear(1, 1), True)
+    monkeypatch.setattr(
+        teacher, "_huggingface_teacher", lambda name: seen.append(constants.HF_HUB_OFFLINE) or hf_teacher
+    )
+    linvit.create_model("deit_tiny_patch16_224")
+    assert calls == [] and seen == [False]  # no weights asked for: no probe
+    linvit.create_model("deit_tiny_patch16_224", pretrained=True)
+    assert calls == ["huggingface.co"] and seen == [False, True] and constants.HF_HUB_OFFLINE is False
+    linvit.create_model("hf-hub:timm/deit_tiny_patch16_224")  # a Hub model's config is a download too
+    load_teacher("hf:org/some-model")
+    assert len(calls) == 3 and seen[-2:] == [True, True] and constants.HF_HUB_OFFLINE is False
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # already offline: no second probe
+    linvit.create_model("deit_tiny_patch16_224", pretrained=True)
     assert len(calls) == 3 and seen[-1] is True
 
 

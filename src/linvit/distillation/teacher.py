@@ -21,6 +21,7 @@ import torch.nn as nn
 from ..errors import UsageError
 from ..models import create_model
 from ..weights import check_exists, height_width, load_weights, read_run_config
+from ..weights.hub_offline import offline_while_hub_unresolvable
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "interpolation": "bilinear"}
 
@@ -119,9 +120,16 @@ def _huggingface(name: str, file: str | None) -> Teacher:
         raise UsageError("--teacher-file goes with a timm or torchvision model; hf: teachers bring their weights")
     _check_local(name)
     try:
-        import transformers
+        import transformers  # noqa: F401 - its absence is one line here, not an ImportError deeper down
     except ImportError as err:
         raise UsageError('an hf: teacher needs transformers: pip install -e ".[hf]"') from err
+    with offline_while_hub_unresolvable():  # a Hub name offline: huggingface_hub's error at once, not after retries
+        return _huggingface_teacher(name)
+
+
+def _huggingface_teacher(name: str) -> Teacher:
+    import transformers
+
     config = _hf_config(name)
     if _is_causal_lm(config):
         model = transformers.AutoModelForCausalLM.from_pretrained(name)

@@ -16,6 +16,7 @@ The suffix selects an implementation of the same weights, so a benchmark compare
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from pathlib import Path
 
@@ -144,8 +145,12 @@ def create_model(
         kwargs.update(pretrained=True, pretrained_cfg_overlay=pretrained_overlay(name, pretrained_file))
     optional = {"img_size": img_size} if img_size is not None else {}
     optional.update({"dynamic_img_size": True} if any_size else {})
+    from ..weights.hub_offline import offline_while_hub_unresolvable  # here: linvit.weights imports this module
+
+    hub = pretrained_file is None and (kwargs.get("pretrained") or name.startswith("hf-hub:"))
     try:
-        model = _create_taking(name, optional, kwargs)
+        with offline_while_hub_unresolvable() if hub else contextlib.nullcontext():  # no 50 s of retries offline
+            model = _create_taking(name, optional, kwargs)
     except TypeError as err:
         raise ModelArgumentError(f"cannot build {name} with arguments {kwargs}: {err}") from err
     except RuntimeError as err:  # load_state_dict: the pretrained file does not fit the model

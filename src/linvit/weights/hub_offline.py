@@ -5,7 +5,8 @@ Without it, `--pretrained` weights missing from the cache on a machine without n
 five retries with back-off (about 50 s here) before the CLI's one-line error. A name that does not resolve with no
 proxy configured cannot reach the Hub, so offline mode loses nothing: cached files load as before, missing ones
 fail at once. Behind a proxy the local resolver may not know the Hub's name while the proxy does, so nothing is
-probed there.
+probed there. The CLI wraps every command that asks for Hub weights; linvit.create_model and the distillation
+teachers wrap their own downloads, so a Python caller gets the same.
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ def hub_host_unresolvable() -> bool:
 @contextlib.contextmanager
 def offline_while_hub_unresolvable():
     """huggingface_hub in offline mode inside the block where the Hub cannot be named (its setting restored after);
-    yields whether it was set."""
+    yields whether the block runs offline."""
     try:
         from huggingface_hub import constants
     except ImportError:
         yield False
         return
     before = constants.HF_HUB_OFFLINE
-    offline = hub_host_unresolvable()
+    offline = before or hub_host_unresolvable()  # already offline (an enclosing block, the user): no second probe
     constants.HF_HUB_OFFLINE = before or offline
     try:
         yield offline
