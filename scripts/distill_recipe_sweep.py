@@ -161,7 +161,7 @@ def _discounts(part: Path, folder: str, seeds) -> dict | None:
     gammas = []
     for seed in seeds:
         weights = safetensors_load(part / folder / f"s{seed}" / "model.safetensors")
-        gammas += [torch.sigmoid(v.double()) for k, v in weights.items() if k.endswith(".theta")]
+        gammas += [torch.sigmoid(v.double()) for k, v in weights.items() if k.endswith("theta")]  # .theta, .infsa_theta
     if not gammas:
         return None
     every = torch.cat(gammas)
@@ -179,8 +179,8 @@ def table(data: dict) -> str:
         "run, with its 95% interval where "
         "there are several; `vs recipe`: the change of val top-1 against the recipe's own run of each seed "
         "(points, paired); `vs the anchor`: the same against the anchor form's run of each seed with the same "
-        "change (its recipe for a first discount, which it does not have); `discounts at the end`: the students' "
-        "gamma over every head, layer and seed run, mean (min-max).",
+        "change (its recipe for a discount variant, where it starts or its own rate: it has none); `discounts at "
+        "the end`: the students' gamma over every head, layer and seed run, mean (min-max).",
         "",
         "| student | variant | seeds | val top-1 per seed | retention (%) | vs recipe (points) "
         "| vs the anchor (points, paired) | discounts at the end |",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import sklearn.datasets
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 from safetensors.torch import load_file as safetensors_load
@@ -172,19 +173,25 @@ def test_a_resume_with_a_new_transfer_lr_keeps_the_maps_at_map_lr(digits, tmp_pa
     assert sorted({g.get("lr_scale") for g in groups}, key=str) == [5.0, None]
 
 
-def test_a_run_from_before_map_lr_resumed_with_it_is_refused_in_one_line(digits, tmp_path, capsys):
-    """A checkpoint written before --map-lr existed ran without it (DistillConfig.ABSENT_MEANS): asking for it on
-    resume is a changed setting, refused before the optimizer's groups disagree (a traceback)."""
+@pytest.mark.parametrize("field, flag, value, shown", [("map_lr", "--map-lr", "1e-2", "0.01"),
+                                                       ("gamma_lr", "--gamma-lr", "1e-1", "0.1")])  # fmt: skip
+def test_a_run_from_before_a_rate_option_resumed_with_it_is_refused_in_one_line(
+    digits, tmp_path, capsys, field, flag, value, shown
+):
+    """A checkpoint written before --map-lr / --gamma-lr existed ran without it (DistillConfig.ABSENT_MEANS):
+    asking for it on resume is a changed setting, refused before the optimizer's groups disagree (a traceback);
+    resumed without it, it goes on."""
     argv = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", *(f"{k}={v}" for k, v in TINY_VIT.items())]
     argv += ["--data", str(digits), "--img-size", "32", "--mixer", "katz_rows:hedgehog", "--stages", "attention"]
     argv += ["--workers", "0", "--device", "cpu", "--no-progress", "--batch-size", "8", "--output", str(tmp_path)]
     assert cli_main([*argv, "--transfer-epochs", "1"]) == 0
     state = torch.load(tmp_path / "last.pth", weights_only=False)
-    del state["args"]["map_lr"]  # as an older linvit wrote it
+    del state["args"][field]  # as an older linvit wrote it
     torch.save(state, tmp_path / "last.pth")
     capsys.readouterr()
-    assert cli_main([*argv, "--transfer-epochs", "2", "--map-lr", "1e-2", "--resume", "auto"]) == 2
-    assert "--map-lr none -> 0.01" in capsys.readouterr().err
+    assert cli_main([*argv, "--transfer-epochs", "2", flag, value, "--resume", "auto"]) == 2
+    assert f"{flag} none -> {shown}" in capsys.readouterr().err
+    assert cli_main([*argv, "--transfer-epochs", "2", "--resume", "auto"]) == 0
 
 
 def test_map_lr_scales_the_maps_in_attention_transfer_only():
@@ -217,6 +224,8 @@ def test_gamma_lr_gives_every_discount_its_own_rate_in_attention_transfer_only(t
     assert [both[p] for p in thetas] == pytest.approx([50.0] * len(thetas))
     assert [both[p] for p in maps] == pytest.approx([5.0] * len(maps))
     assert Distillation("end-to-end").lr_scales(student, config) == {}
+    with pytest.raises(UsageError, match="--gamma-lr: the katz_rows:hedgehog student has no trainable discount"):
+        Distillation("attention").lr_scales(nn.Linear(2, 2), config)  # a registered mixer keeping it elsewhere
     lm = linvit.convert(_gpt2_model(tmp_path), "katz_infsa", gamma_init=0.5)  # a language student's infsa_theta
     assert [p.shape for p in discount_logits(lm)] == [torch.Size([4])] * 2
 

@@ -255,9 +255,11 @@ class Distillation(Task):
         scales = {}
         if config.map_lr is not None:
             maps = [m for m in model.modules() if isinstance(m, HedgehogFeatureMap)]
-            scales.update({p: config.map_lr / config.lr for m in maps for p in m.parameters() if p.requires_grad})
+            found = {p: config.map_lr / config.lr for m in maps for p in m.parameters() if p.requires_grad}
+            scales.update(_found_or_refused(found, "--map-lr", "learned feature map", config.mixer))
         if config.gamma_lr is not None:
-            scales.update({p: config.gamma_lr / config.lr for p in discount_logits(model) if p.requires_grad})
+            found = {p: config.gamma_lr / config.lr for p in discount_logits(model) if p.requires_grad}
+            scales.update(_found_or_refused(found, "--gamma-lr", "discount (theta)", config.mixer))
         return scales
 
     @property
@@ -317,6 +319,14 @@ class Distillation(Task):
         rates = [f"learned maps {config.map_lr:.3g}"] if config.map_lr else []
         rates += [f"discounts {config.gamma_lr:.3g}"] if config.gamma_lr else []
         return f" ({', '.join(rates)})" if rates else ""
+
+
+def _found_or_refused(scales: dict, flag: str, what: str, mixer: str) -> dict:
+    """A rate for parameters the student does not have (a registered mixer keeping them elsewhere) would train
+    nothing at it while the run's summary line says it does."""
+    if not scales:
+        raise UsageError(f"{flag}: the {mixer} student has no trainable {what} for it to set the rate of")
+    return scales
 
 
 def discount_logits(model: nn.Module) -> list[nn.Parameter]:
