@@ -361,11 +361,11 @@ def _weight_flags(argv: list[str] | None) -> str:
 def _hub_offline_if_unresolvable(argv: list[str] | None):
     """huggingface_hub offline for the command, where it may download weights (--pretrained, a pretrained= model
     kwarg, a hf: teacher, an hf-hub: model; --flag=value too) and the Hub cannot be named
-    (linvit.weights.hub_offline); a context manager, so a Python caller of main() gets its setting back."""
+    (linvit.hub_offline); a context manager, so a Python caller of main() gets its setting back."""
     argv = list(sys.argv[1:] if argv is None else argv)
     values = [a.partition("=")[2] if a.startswith("--") and "=" in a else a for a in argv]
     if any(a == "--pretrained" or "pretrained=" in a or a.startswith(("hf:", "hf-hub:")) for a in values):
-        from linvit.weights.hub_offline import offline_while_hub_unresolvable
+        from linvit.hub_offline import offline_while_hub_unresolvable
 
         return offline_while_hub_unresolvable()
     return contextlib.nullcontext()

@@ -16,6 +16,7 @@ import linvit
 ROOT = Path(linvit.__file__).parent
 TIERS = {
     "errors": 0,
+    "hub_offline": 0,  # standard library and huggingface_hub only: models and weights both use it
     "ops": 0,
     "config": 0,
     "mixers": 0,

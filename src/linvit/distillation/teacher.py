@@ -19,9 +19,9 @@ import torch
 import torch.nn as nn
 
 from ..errors import UsageError
+from ..hub_offline import offline_while_hub_unresolvable
 from ..models import create_model
 from ..weights import check_exists, height_width, load_weights, read_run_config
-from ..weights.hub_offline import offline_while_hub_unresolvable
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "interpolation": "bilinear"}
 

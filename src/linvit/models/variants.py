@@ -26,6 +26,7 @@ from timm.layers import Attention
 from timm.models import is_model, parse_model_name, split_model_name_tag
 
 from ..errors import UsageError
+from ..hub_offline import offline_while_hub_unresolvable
 from ..layers import LinearInfSAAttention, PureInfSAAttention
 
 VARIANTS = ("naive", "fused", "unfolded", "folded", "dense", "chunked")
@@ -145,8 +146,6 @@ def create_model(
         kwargs.update(pretrained=True, pretrained_cfg_overlay=pretrained_overlay(name, pretrained_file))
     optional = {"img_size": img_size} if img_size is not None else {}
     optional.update({"dynamic_img_size": True} if any_size else {})
-    from ..weights.hub_offline import offline_while_hub_unresolvable  # here: linvit.weights imports this module
-
     hub = pretrained_file is None and (kwargs.get("pretrained") or name.startswith("hf-hub:"))
     try:
         with offline_while_hub_unresolvable() if hub else contextlib.nullcontext():  # no 50 s of retries offline

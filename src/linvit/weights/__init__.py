@@ -8,8 +8,6 @@
 - run_folder.py  what a run folder says: config.json, which weights model.safetensors holds, args.yaml
                  (use_run_folder: `eval --checkpoint RUN` rebuilds the run's model without being told it)
 - rebuild.py     models rebuilt so saved weights fit: create_for_checkpoint (linvit.runs.load_run: any run folder)
-- hub_offline.py huggingface_hub offline at once where the Hub's host does not resolve (no proxy): a missing
-                 --pretrained file is the CLI's one-line error in a second, not after 50 s of retries
 
 Hub ids need nothing here: ``hf-hub:ORG/REPO`` names and the PUBLISHED WeightFormer weights
 (linvit.models._cfg) load through timm's own pretrained path, in linvit.models.create_model.
