@@ -193,6 +193,19 @@ def test_model_kwargs_train_leaves_open_are_theirs_to_give():
     assert load_teacher("vit_4l_patch16_224", model_kwargs={**tiny, "img_size": 32}, img_size=[32]).model is not None
 
 
+def test_a_resume_asking_fewer_epochs_than_trained_is_refused(tmp_path, capsys):
+    """A checkpoint of 2 epochs resumed as a 1-epoch plan said "nothing left to train" and then recorded the
+    folder as a 1-epoch run (args.yaml, the card) holding the 2-epoch model: refused in one line, folder kept."""
+    argv = ["train", "--model", "vit_4l_patch16_224", "--data", "digits:digit,length=20", "--workers", "0"]
+    argv += ["--batch-size", "10", "--no-progress", "--img-size", "32", "--model-kwargs", "depth=1"]
+    argv += ["--output", str(tmp_path / "run")]
+    assert cli_main([*argv, "--epochs", "2"]) == 0
+    before = (tmp_path / "run" / "args.yaml").read_bytes()
+    capsys.readouterr()
+    _fails_cleanly([*argv, "--epochs", "1", "--resume", "auto"], capsys, "has trained 2 epochs, more than --epochs 1")
+    assert (tmp_path / "run" / "args.yaml").read_bytes() == before
+
+
 def test_model_kwargs_that_contradict_trains_own_settings_are_one_line(tmp_path, capsys):
     """`--model-kwargs num_classes=3` on 10-class data was a duplicate-keyword TypeError inside timm; the same
     value as train's own is harmless and runs."""
@@ -204,7 +217,7 @@ def test_model_kwargs_that_contradict_trains_own_settings_are_one_line(tmp_path,
     capsys.readouterr()
     again = [*argv, "num_classes=10", "img_size=32", "--output", str(tmp_path / "c"), "--resume", "auto"]
     assert cli_main(again) == 0  # a finished run: says so
-    assert "nothing left to train: the run has its 1 epochs" in capsys.readouterr().out
+    assert "nothing left to train: the run has its 1 epoch (a longer --epochs" in capsys.readouterr().out
     folder = tmp_path / "c"
     before = {name: (folder / name).read_bytes() for name in ("args.yaml", "config.json", "README.md")}
     assert cli_main([*again, "--lr", "5e-4"]) == 0  # a new rate trains nothing: no "follows it from this epoch on"
@@ -549,7 +562,7 @@ def test_python_callers_of_create_model_and_hf_teachers_go_offline_too(monkeypat
                                  {"HF_HUB_OFFLINE": "0"}])  # fmt: skip
 def test_behind_a_proxy_the_hub_is_not_probed(monkeypatch, env):
     """A proxy may resolve what the local resolver cannot; an explicit HF_HUB_OFFLINE is the user's choice."""
-    from linvit.weights.hub_offline import hub_host_unresolvable
+    from linvit.hub_offline import hub_host_unresolvable
 
     calls = []
     _no_dns(monkeypatch, calls)
@@ -562,7 +575,7 @@ def test_behind_a_proxy_the_hub_is_not_probed(monkeypatch, env):
 def test_the_probe_asks_for_hf_endpoints_host(monkeypatch):
     import socket
 
-    from linvit.weights.hub_offline import hub_host_unresolvable
+    from linvit.hub_offline import hub_host_unresolvable
 
     calls = []
     _no_dns(monkeypatch, calls)

@@ -261,6 +261,26 @@ def test_gamma_lr_is_refused_where_there_is_no_discount(digits, tmp_path, capsys
             DistillConfig(teacher="t", data="d", output="o", mixer="katz_rows", gamma_lr=bad)
 
 
+def test_distill_mistakes_are_one_line_before_any_notice(digits, tmp_path, capsys):
+    """A teacher that does not exist is named before the lines about its kind or random weights; --gamma-lr on the
+    form --mixer auto chose says so; one explicit checkpoint for two stages is refused before either trains (it
+    was the optimizer's traceback after attention transfer)."""
+    out = ["--output", str(tmp_path / "run")]
+    for typo, phrase in ((str(tmp_path / "teachr"), "no such file or folder"), ("vit_4l_patch16_22", "unknown model")):
+        assert cli_main(["distill", "--teacher", typo, "--data", str(digits), *out]) == 2
+        err = capsys.readouterr().err
+        assert phrase in err and "random weights" not in err and "an image teacher" not in err
+    teacher = ["distill", "--teacher", "vit_4l_patch16_224", "--data", str(digits), *out]
+    assert cli_main([*teacher, "--gamma-lr", "1e-1"]) == 2
+    assert (
+        "(--mixer auto chose linear_attention:hedgehog for an image teacher: name a --mixer)" in capsys.readouterr().err
+    )
+    assert cli_main([*teacher, "--mixer", "katz_rows", "--resume", str(tmp_path / "last.pth")]) == 2
+    err = capsys.readouterr().err
+    assert "one checkpoint, but this run has two stages" in err and "--resume auto" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_map_lr_is_refused_where_there_is_no_learned_map(digits, tmp_path, capsys):
     argv = ["distill", "--teacher", "vit_4l_patch16_224", "--data", str(digits), "--mixer", "katz_infsa"]
     assert cli_main([*argv, "--map-lr", "1e-2", "--output", str(tmp_path / "run")]) == 2
@@ -607,8 +627,8 @@ def test_grad_checkpointing_covers_end_to_end_only_and_a_finished_stage_names_it
     assert [c.grad_checkpointing for _, c in stage_configs(config)] == [False, True]
     run_distill(config.replace(resume="auto"))  # finished: each stage names the flag that lengthens it
     out = capsys.readouterr().out
-    assert "has its 1 epochs (a longer --transfer-epochs continues it)" in out
-    assert "has its 1 epochs (a longer --epochs continues it)" in out
+    assert "has its 1 epoch (a longer --transfer-epochs continues it)" in out
+    assert "has its 1 epoch (a longer --epochs continues it)" in out
     run_distill(config.replace(resume="auto", transfer_epochs=2))  # a longer transfer under a finished end
     out, err = capsys.readouterr()
     assert "new schedule (--transfer-epochs 1 -> 2)" in out  # was "--epochs 1 -> 2", a flag the user never gave
@@ -628,9 +648,12 @@ def test_settings_of_a_stage_not_run_are_named_not_dropped(digits, tmp_path, cap
     assert skipped_stage_settings(config.replace(stages="end-to-end")).startswith(
         "linvit distill: warning: --transfer-epochs 2 ignored: --stages end-to-end runs the end-to-end stage only"
     )
-    with pytest.raises(ValueError, match="no such file or folder"):  # said before the run starts (or fails)
+    with pytest.raises(ValueError, match="no such file or folder"):  # a missing teacher first, before any notice
         run_distill(config.replace(teacher=str(tmp_path / "none"), data=str(digits), output=str(tmp_path / "x"),
                                    stages="attention"))  # fmt: skip
+    assert capsys.readouterr().err == ""
+    tiny = dict(teacher="vit_4l_patch16_224", model_kwargs=TINY_VIT, img_size=[32], data=str(digits), **RUNTIME)
+    run_distill(config.replace(**tiny, output=str(tmp_path / "y"), stages="attention", transfer_epochs=1))
     assert "\nlinvit distill: warning: --epochs 5" in capsys.readouterr().err  # after the mixer chosen (auto)
 
 

@@ -323,7 +323,7 @@ def test_a_resume_under_the_other_strategy_says_so_and_takes_the_newer_checkpoin
 
 
 AGREE = """
-import sys, torch.distributed as dist
+import os, sys, torch.distributed as dist
 from pathlib import Path
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -342,7 +342,9 @@ try:
 except UsageError as err:
     print("refused:", err)
 dist.barrier()  # both ranks done before either tears down (rank 0 hosts the store; its early exit crashed rank 1 once)
-dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # no gloo teardown: destroy_process_group aborted once under load ("terminate called without an active
+# exception", exit -6) after everything this test checks had been printed
 """
 
 

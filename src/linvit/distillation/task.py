@@ -39,6 +39,7 @@ from ..errors import UsageError
 from ..layers.feature_maps import HedgehogFeatureMap
 from ..layers.infsa_attention import InfSABase
 from ..mixers import conversion_forms, get_mixer
+from ..models import check_model_name, split_name
 from ..utils.artifacts import WEIGHTS
 from ..utils.runtime import autocast
 from ..weights import load_weights
@@ -560,6 +561,26 @@ def refuse_a_stage_folder(out: Path) -> None:
         )
 
 
+def check_teacher_name(spec: str) -> None:
+    """A teacher name timm does not know, or a path that is not there, is one line before any notice about the
+    teacher's kind or weights (they would speak of a teacher that does not exist)."""
+    if spec.startswith(("hf:", "torchvision:")) or Path(spec).exists():
+        return
+    check_model_name(split_name(spec)[0])
+
+
+def refuse_one_checkpoint_for_two_stages(config: DistillConfig) -> None:
+    """--resume PATH is one stage's checkpoint: with both stages the other would load it too (a traceback from the
+    optimizer's groups after the first stage trained)."""
+    if config.stages == "both" and config.resume not in (None, "", "auto"):
+        raise UsageError(
+            f"--resume {config.resume}: one checkpoint, but this run has two stages (attention transfer into "
+            f"{Path(config.output) / 'attention'}, then end to end into {config.output}): resume the run with "
+            "--resume auto (each stage finds its own last.pth), or give the checkpoint's stage alone (--stages "
+            "attention or --stages end-to-end)"
+        )
+
+
 def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
     """config with the mixer, window and stages its flags left open chosen (distillation.recipe; every rank reads the
     same teacher configuration, and one that cannot read it stops), and a line saying what was chosen, if anything.
@@ -571,7 +592,12 @@ def with_recipe(config: DistillConfig) -> tuple[DistillConfig, str | None]:
         if stored:  # the form the resumed run started with
             config = config.replace(mixer=stored["mixer"])
         else:
-            config = config.replace(mixer=chosen_mixer(config.mixer, language))
+            mixer = chosen_mixer(config.mixer, language)
+            try:
+                config = config.replace(mixer=mixer)
+            except UsageError as err:  # an option the chosen form does not take (--gamma-lr on the anchor)
+                kind = "a causal language model" if language else "an image"
+                raise UsageError(f"{err} (--mixer auto chose {mixer} for {kind} teacher: name a --mixer)") from err
             chosen.append(f"--mixer {config.mixer}")
     if config.gamma_init is None and stored.get("mixer") == config.mixer:  # auto's first discount, if left open
         config = config.replace(gamma_init=stored["gamma_init"])  # (an explicit --mixer fills in its default)
@@ -634,7 +660,9 @@ def run_distill(config: DistillConfig) -> nn.Module:
         raise UsageError("distill needs a teacher, data and an output folder")
     config = config.replace(teacher=absolute_teacher(config.teacher))  # the run folder rebuilds from it anywhere
     refuse_a_stage_folder(Path(config.output))
+    check_teacher_name(config.teacher)
     config, chosen = with_recipe(config)
+    refuse_one_checkpoint_for_two_stages(config)
     notices = (chosen, skipped_stage_settings(config), checkpointing_notice(config), random_teacher_warning(config))
     notices += (
         stale_end_to_end_warning(config),

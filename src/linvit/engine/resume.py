@@ -198,6 +198,7 @@ def resume_run(
     saved = {**run.config.ABSENT_MEANS, **(ckpt.get("args") or {})}
     kept_global, world_line = world_change(saved, ckpt.get("world"), run.config.batch_size, run.world)
     new_schedule = check_plan(path, saved, run.config.to_dict(), unused | kept_global, names)
+    refuse_a_shorter_plan(path, ckpt["epoch"] + 1, run.config.epochs, names)
     scales = [group.get("lr_scale") for group in run.optimizer.param_groups]  # this config's (recipe.lr_scales)
     load_weights(run, path, ckpt, is_sharded)
     restore_lr_scales(run.optimizer, scales)  # the loaded groups bring the saved factors (another base lr: stale)
@@ -214,7 +215,7 @@ def resume_run(
         if ckpt["epoch"] + 1 >= run.config.epochs:
             epochs = run.config.epochs
             longer = flag_of("epochs", names)
-            print(f"nothing left to train: the run has its {epochs} epochs (a longer {longer} continues it)")
+            print(f"nothing left to train: the run has its {_epochs(epochs)} (a longer {longer} continues it)")
         for line in (world_line, strategy_change(saved, is_sharded, run.config.strategy)):
             if line:
                 print(line)
@@ -222,6 +223,21 @@ def resume_run(
             changes = describe_changes(new_schedule, names)
             print(f"new schedule ({changes}): the learning rate follows it from this epoch on")
     return ckpt["epoch"] + 1, history
+
+
+def refuse_a_shorter_plan(path: Path, trained: int, epochs: int, names: Mapping[str, str] | None) -> None:
+    """A checkpoint past the plan's end cannot become that plan's run: it would be recorded as an `epochs`-epoch
+    run (args.yaml, the card) holding a longer one's model."""
+    if trained > epochs:
+        flag = flag_of("epochs", names)
+        raise UsageError(
+            f"{path} has trained {_epochs(trained)}, more than {flag} {epochs}: a run cannot be shortened below "
+            f"what it trained; give {flag} {trained} or more to go on, or a new --output for a shorter run"
+        )
+
+
+def _epochs(count: int) -> str:
+    return f"{count} epoch" + ("" if count == 1 else "s")
 
 
 def load_weights(run, path: Path, ckpt: dict, is_sharded: bool) -> None:
