@@ -220,8 +220,8 @@ def test_the_committed_recipe_sweep_table_is_generated_from_the_committed_json(m
         assert row["vs_recipe"]["mean"] == pytest.approx(sum(differences) / len(differences))
     anchors = {r["variant"]: dict(zip(r["seeds"], r["val_top1"], strict=True)) for r in data["rows"]
                if r["form"] == sweep.ANCHOR}  # fmt: skip
-    for row in data["rows"]:  # paired with the anchor's run of the same change; a discount: the anchor's recipe
-        same = "recipe" if row["variant"].startswith("gamma_") else row["variant"]
+    for row in data["rows"]:  # paired with the anchor's run of the same change less the discount's (it has none)
+        same = "+".join(p for p in row["variant"].split("+") if not p.startswith("gamma_")) or "recipe"
         if row["form"] == sweep.ANCHOR or same not in anchors:
             assert row["vs_anchor"] is None
             continue
@@ -229,6 +229,8 @@ def test_the_committed_recipe_sweep_table_is_generated_from_the_committed_json(m
         differences = [own[s] - anchors[same][s] for s in own]
         assert row["vs_anchor"]["mean"] == pytest.approx(sum(differences) / len(differences))
     assert any(r["vs_anchor"] for r in data["rows"] if r["variant"].startswith("gamma_"))
+    joined = [r for r in data["rows"] if r["variant"] == "gamma_lr_1e-1+map_lr_1e-2+f128"]
+    assert joined and joined[0]["vs_anchor"]["n"] == 3  # against the anchor's map_lr_1e-2+f128 runs, not its recipe
 
 
 def test_a_sweep_over_fewer_seeds_does_not_shrink_the_committed_table(monkeypatch, tmp_path):
