@@ -137,9 +137,8 @@ class DistillConfig(TrainConfig):
     def _check_gamma_lr(self) -> None:
         if self.gamma_lr is None:
             return
-        if isinstance(self.gamma_lr, bool) or not isinstance(self.gamma_lr, numbers.Real):
-            raise UsageError(f"gamma_lr must be a finite learning rate > 0, got {self.gamma_lr!r}")
-        if not 0 < self.gamma_lr < math.inf:
+        rate = not isinstance(self.gamma_lr, bool) and isinstance(self.gamma_lr, numbers.Real)
+        if not rate or not 0 < self.gamma_lr < math.inf:  # nan too
             raise UsageError(f"gamma_lr must be a finite learning rate > 0, got {self.gamma_lr!r}")
         if self.mixer != AUTO and not get_mixer(self.mixer.partition(":")[0], warn=False).discount:
             raise UsageError(f"gamma_lr: {self.mixer} has no discount (the InfSA forms learn one a head)")
