@@ -528,13 +528,11 @@ def test_pretrained_weights_go_offline_at_once_where_the_hub_does_not_resolve(tm
     assert len(calls) == 3 and seen[-1] is True
 
 
-def test_python_callers_of_create_model_and_hf_teachers_go_offline_too(monkeypatch):
-    """linvit.create_model(pretrained=True) and an hf: teacher from Python (no CLI around them) are put offline
-    for their download where the Hub does not resolve; a local weights file or no weights probe nothing."""
+def test_python_callers_of_create_model_go_offline_too(monkeypatch):
+    """linvit.create_model(pretrained=True) or an hf-hub: name from Python (no CLI around it) is put offline for
+    its download where the Hub does not resolve; no weights probe nothing, nor does a block already offline."""
     constants = pytest.importorskip("huggingface_hub.constants")
-    import linvit.distillation.teacher as teacher
     import linvit.models.variants as variants
-    from linvit.distillation import load_teacher
 
     calls, seen = [], []
     _no_dns(monkeypatch, calls)
@@ -542,20 +540,32 @@ def test_python_callers_of_create_model_and_hf_teachers_go_offline_too(monkeypat
     monkeypatch.setattr(
         variants, "_create_taking", lambda *args: seen.append(constants.HF_HUB_OFFLINE) or nn.Linear(1, 1)
     )
-    hf_teacher = teacher.Teacher(nn.Linear(1, 1), True)
-    monkeypatch.setattr(
-        teacher, "_huggingface_teacher", lambda name: seen.append(constants.HF_HUB_OFFLINE) or hf_teacher
-    )
     linvit.create_model("deit_tiny_patch16_224")
     assert calls == [] and seen == [False]  # no weights asked for: no probe
     linvit.create_model("deit_tiny_patch16_224", pretrained=True)
     assert calls == ["huggingface.co"] and seen == [False, True] and constants.HF_HUB_OFFLINE is False
     linvit.create_model("hf-hub:timm/deit_tiny_patch16_224")  # a Hub model's config is a download too
-    load_teacher("hf:org/some-model")
-    assert len(calls) == 3 and seen[-2:] == [True, True] and constants.HF_HUB_OFFLINE is False
+    assert len(calls) == 2 and seen[-1] is True and constants.HF_HUB_OFFLINE is False
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # already offline: no second probe
     linvit.create_model("deit_tiny_patch16_224", pretrained=True)
-    assert len(calls) == 3 and seen[-1] is True
+    assert len(calls) == 2 and seen[-1] is True
+
+
+def test_an_hf_teacher_from_python_goes_offline_too(monkeypatch):
+    constants = pytest.importorskip("huggingface_hub.constants")
+    pytest.importorskip("transformers")
+    import linvit.distillation.teacher as teacher
+    from linvit.distillation import load_teacher
+
+    calls, seen = [], []
+    _no_dns(monkeypatch, calls)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    hf_teacher = teacher.Teacher(nn.Linear(1, 1), True)
+    monkeypatch.setattr(
+        teacher, "_huggingface_teacher", lambda name: seen.append(constants.HF_HUB_OFFLINE) or hf_teacher
+    )
+    load_teacher("hf:org/some-model")
+    assert calls == ["huggingface.co"] and seen == [True] and constants.HF_HUB_OFFLINE is False
 
 
 @pytest.mark.parametrize("env", [{"HTTPS_PROXY": "http://proxy:3128"}, {"all_proxy": "socks5://p:1080"},

@@ -207,7 +207,7 @@ def test_map_lr_scales_the_maps_in_attention_transfer_only():
     assert Distillation("end-to-end").lr_scales(student, config) == {}
 
 
-def test_gamma_lr_gives_every_discount_its_own_rate_in_attention_transfer_only(tmp_path):
+def test_gamma_lr_gives_every_discount_its_own_rate_in_attention_transfer_only():
     """--gamma-lr: each converted layer's theta = logit(gamma) at gamma_lr / transfer_lr, beside --map-lr's maps;
     nothing else is scaled, and the end-to-end stage trains everything at --lr."""
     from linvit.distillation.task import Distillation, discount_logits
@@ -226,7 +226,13 @@ def test_gamma_lr_gives_every_discount_its_own_rate_in_attention_transfer_only(t
     assert Distillation("end-to-end").lr_scales(student, config) == {}
     with pytest.raises(UsageError, match="--gamma-lr: the katz_rows:hedgehog student has no trainable discount"):
         Distillation("attention").lr_scales(nn.Linear(2, 2), config)  # a registered mixer keeping it elsewhere
-    lm = linvit.convert(_gpt2_model(tmp_path), "katz_infsa", gamma_init=0.5)  # a language student's infsa_theta
+
+
+def test_a_language_students_discounts_are_found(tmp_path):
+    pytest.importorskip("transformers")
+    from linvit.distillation.task import discount_logits
+
+    lm = linvit.convert(_gpt2_model(tmp_path), "katz_infsa", gamma_init=0.5)  # conversion.language's infsa_theta
     assert [p.shape for p in discount_logits(lm)] == [torch.Size([4])] * 2
 
 
