@@ -193,15 +193,19 @@ def test_model_kwargs_train_leaves_open_are_theirs_to_give():
     assert load_teacher("vit_4l_patch16_224", model_kwargs={**tiny, "img_size": 32}, img_size=[32]).model is not None
 
 
-def test_a_resume_asking_fewer_epochs_than_trained_is_refused(tmp_path, capsys):
-    """A checkpoint of 2 epochs resumed as a 1-epoch plan said "nothing left to train" and then recorded the
-    folder as a 1-epoch run (args.yaml, the card) holding the 2-epoch model: refused in one line, folder kept."""
+def test_a_resume_asking_fewer_epochs_than_trained_is_refused_unless_finished(tmp_path, capsys):
+    """A checkpoint of 2 epochs whose final model was not yet written, resumed as a 1-epoch plan, said "nothing left
+    to train" and recorded the folder as a 1-epoch run (args.yaml, the card) holding the 2-epoch model: refused in
+    one line, folder kept. A finished run is left as it was, whatever the plan."""
     argv = ["train", "--model", "vit_4l_patch16_224", "--data", "digits:digit,length=20", "--workers", "0"]
     argv += ["--batch-size", "10", "--no-progress", "--img-size", "32", "--model-kwargs", "depth=1"]
     argv += ["--output", str(tmp_path / "run")]
     assert cli_main([*argv, "--epochs", "2"]) == 0
     before = (tmp_path / "run" / "args.yaml").read_bytes()
     capsys.readouterr()
+    assert cli_main([*argv, "--epochs", "1", "--resume", "auto"]) == 0
+    assert "left as it was" in capsys.readouterr().out
+    (tmp_path / "run" / "model.safetensors").unlink()  # stopped after its last checkpoint, before its model folder
     _fails_cleanly([*argv, "--epochs", "1", "--resume", "auto"], capsys, "has trained 2 epochs, more than --epochs 1")
     assert (tmp_path / "run" / "args.yaml").read_bytes() == before
 

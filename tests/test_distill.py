@@ -272,7 +272,8 @@ def test_distill_mistakes_are_one_line_before_any_notice(digits, tmp_path, capsy
     form --mixer auto chose says so; one explicit checkpoint for two stages is refused before either trains (it
     was the optimizer's traceback after attention transfer)."""
     out = ["--output", str(tmp_path / "run")]
-    for typo, phrase in ((str(tmp_path / "teachr"), "no such file or folder"), ("vit_4l_patch16_22", "unknown model")):
+    typos = [(str(tmp_path / "teachr"), "no such file or folder"), ("vit_4l_patch16_22", "unknown model")]
+    for typo, phrase in [*typos, ("torchvision:resnet_typo", "torchvision has no model 'resnet_typo'")]:
         assert cli_main(["distill", "--teacher", typo, "--data", str(digits), *out]) == 2
         err = capsys.readouterr().err
         assert phrase in err and "random weights" not in err and "an image teacher" not in err
@@ -639,6 +640,8 @@ def test_grad_checkpointing_covers_end_to_end_only_and_a_finished_stage_names_it
     out, err = capsys.readouterr()
     assert "new schedule (--transfer-epochs 1 -> 2)" in out  # was "--epochs 1 -> 2", a flag the user never gave
     assert "attention transfer goes on (1 -> 2 epochs) but the end-to-end stage" in err
+    run_distill(config.replace(resume="auto"))  # OUT/args.yaml's plan (transfer 1) again: both stages as they were
+    assert capsys.readouterr().out.count("left as it was") == 2
 
 
 def test_settings_of_a_stage_not_run_are_named_not_dropped(digits, tmp_path, capsys):

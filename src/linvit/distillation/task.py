@@ -563,7 +563,14 @@ def refuse_a_stage_folder(out: Path) -> None:
 def check_teacher_name(spec: str) -> None:
     """A teacher name timm does not know, or a path that is not there, is one line before any notice about the
     teacher's kind or weights (they would speak of a teacher that does not exist)."""
-    if spec.startswith(("hf:", "torchvision:")) or Path(spec).exists():
+    if spec.startswith("torchvision:"):
+        import torchvision
+
+        name = spec.split(":", 1)[1]
+        if name not in torchvision.models.list_models():
+            raise UsageError(f"--teacher {spec}: torchvision has no model {name!r} (torchvision.models.list_models())")
+        return
+    if spec.startswith("hf:") or Path(spec).exists():
         return
     check_model_name(split_name(spec)[0])
 

@@ -26,7 +26,7 @@ from ..utils.host import cpu_info
 from ..utils.runtime import seed_everything
 from . import record, sharded_checkpoint, sharding
 from .recipe import schedule_notes, train_loader, training_recipe, wrap_ddp
-from .resume import extra_state, resume_run, training_state
+from .resume import extra_state, refuse_a_shorter_plan, resume_run, training_state
 from .steps import train_pass
 
 
@@ -192,7 +192,8 @@ def build_run(task: Task, config: TrainConfig, output: Path, rank: int, world: i
     optimizer, scheduler, scaler = training_recipe(model, config, len(loader), device, lr, scales)
     run = Run(config, output, rank, world, device, parts, model, sampler, loader, optimizer, scheduler, scaler, ema)
     run.start_epoch, run.history = resume_run(run, task.unused_settings(config), task.flag_names())
-    run.finished = already_finished(run)
+    run.finished = already_finished(run)  # every rank's answer, as the refusal below is
+    refuse_a_shorter_plan(output, run.start_epoch, config.epochs, run.finished, task.flag_names())
     if rank == 0:
         if run.finished:
             print(f"{output} already holds the run's final model: it is left as it was")

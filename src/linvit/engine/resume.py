@@ -198,7 +198,6 @@ def resume_run(
     saved = {**run.config.ABSENT_MEANS, **(ckpt.get("args") or {})}
     kept_global, world_line = world_change(saved, ckpt.get("world"), run.config.batch_size, run.world)
     new_schedule = check_plan(path, saved, run.config.to_dict(), unused | kept_global, names)
-    refuse_a_shorter_plan(path, ckpt["epoch"] + 1, run.config.epochs, names)
     scales = [group.get("lr_scale") for group in run.optimizer.param_groups]  # this config's (recipe.lr_scales)
     load_weights(run, path, ckpt, is_sharded)
     restore_lr_scales(run.optimizer, scales)  # the loaded groups bring the saved factors (another base lr: stale)
@@ -225,13 +224,15 @@ def resume_run(
     return ckpt["epoch"] + 1, history
 
 
-def refuse_a_shorter_plan(path: Path, trained: int, epochs: int, names: Mapping[str, str] | None) -> None:
-    """A checkpoint past the plan's end cannot become that plan's run: it would be recorded as an `epochs`-epoch
-    run (args.yaml, the card) holding a longer one's model."""
-    if trained > epochs:
+def refuse_a_shorter_plan(output: Path, trained: int, epochs: int, finished: bool, names=None) -> None:
+    """A checkpoint past the plan's end, whose folder does not yet hold its final model, cannot become that
+    plan's run: it would be recorded as an `epochs`-epoch run (args.yaml, the card) holding a longer one's model.
+    A finished run is left as it was whatever the plan (engine.fit.already_finished): a two-stage distill's
+    args.yaml keeps the shorter transfer its end-to-end model came from."""
+    if trained > epochs and not finished:
         flag = flag_of("epochs", names)
         raise UsageError(
-            f"{path} has trained {_epochs(trained)}, more than {flag} {epochs}: a run cannot be shortened below "
+            f"{output} has trained {_epochs(trained)}, more than {flag} {epochs}: a run cannot be shortened below "
             f"what it trained; give {flag} {trained} or more to go on, or a new --output for a shorter run"
         )
 
