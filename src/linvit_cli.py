@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import json
 import sys
+from pathlib import Path
 
 from linvit_commands import (
     BUILTIN_DIT_MIXERS,
@@ -238,15 +239,35 @@ class _Run:
 
 
 def _config_file(argv: list[str]) -> str | None:
+    return _flag_value(argv, "--config")
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The value given to flag on the command line (`--flag V` or `--flag=V`), before parsing; None if absent."""
     for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
+        if arg == flag and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--config="):
+        if arg.startswith(f"{flag}="):
             return arg.split("=", 1)[1]
     return None
 
 
-def _apply_config(p: argparse.ArgumentParser, path: str) -> None:
+def stage_config_warning(path: str, values: dict, stages_flag: str | None) -> str | None:
+    """A line where --config is OUT/attention/args.yaml of a two-stage distill: that stage's record, whose lr and
+    epochs are the transfer's, so a rerun with both stages would train end to end at the transfer's rate and
+    length. None where the run's own file is read, or where --stages attention reruns just that stage."""
+    folder = Path(path).parent
+    if folder.name != "attention" or values.get("stages") != "both" or stages_flag == "attention":
+        return None
+    return (
+        f"linvit distill: warning: --config {path} is the attention-transfer stage of the run in {folder.parent}: "
+        f"its lr and epochs are that stage's (lr {values.get('lr')}, epochs {values.get('epochs')}), and both "
+        f"stages would train with them; rerun the whole run with --config {folder.parent / 'args.yaml'}, or this "
+        "stage alone with --stages attention"
+    )
+
+
+def _apply_config(p: argparse.ArgumentParser, path: str, argv_stages: str | None = None) -> None:
     """Make the YAML file's values the command's defaults (timm's train.py convention), checked like flags."""
     import yaml
 
@@ -256,6 +277,9 @@ def _apply_config(p: argparse.ArgumentParser, path: str) -> None:
         p.error(f"--config {path}: cannot read it as YAML text ({type(err).__name__}: {err})")
     if not isinstance(values, dict):
         p.error(f"--config {path}: expected a mapping of flag names to values")
+    notice = stage_config_warning(path, values, argv_stages)
+    if notice:
+        print(notice, file=sys.stderr)
     actions = _config_keys(p)
     defaults = {}
     for key, value in values.items():
@@ -322,7 +346,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         leaf = parser.commands.get(tuple(argv[:2])) or parser.commands.get(tuple(argv[:1]))
         if leaf is None:
             parser.error("--config goes after the command, e.g. `linvit train --config run.yaml`")
-        _apply_config(leaf, config)
+        _apply_config(leaf, config, _flag_value(argv, "--stages"))
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the command's own parser: "linvit train: error: ... (see linvit train --help)"
         leaf = parser.commands.get(tuple(argv[:2])) or parser.commands.get(tuple(argv[:1])) or parser

@@ -398,6 +398,28 @@ def test_a_stage_folder_is_not_taken_for_a_run(digits, tmp_path, capsys):
     assert cli_main(own) == 0 and cli_main([*own, "--resume", "auto"]) == 0  # a run named attention is a run
 
 
+def test_a_stage_record_given_as_config_is_named_before_it_trains_both_stages(tmp_path, capsys):
+    """--config OUT/attention/args.yaml --output NEW reran both stages with the transfer's lr and epochs (the
+    stage's record holds them under lr and epochs): a warning names the run's own file; --stages attention (that
+    stage alone, which reads --transfer-lr) and the run's own args.yaml are silent."""
+    from linvit_cli import parse_args
+
+    stage = tmp_path / "run" / "attention"
+    stage.mkdir(parents=True)
+    record = {"teacher": "t", "data": "d", "output": str(stage), "stages": "both", "lr": 0.002, "epochs": 2}
+    (stage / "args.yaml").write_text(yaml.safe_dump({**record, "transfer_lr": 0.002, "transfer_epochs": 2}))
+    (tmp_path / "run" / "args.yaml").write_text(yaml.safe_dump({**record, "output": str(stage.parent), "lr": 1e-4}))
+    new = ["--output", str(tmp_path / "new")]
+    args = parse_args(["distill", "--config", str(stage / "args.yaml"), *new])
+    err = capsys.readouterr().err
+    assert f"is the attention-transfer stage of the run in {tmp_path / 'run'}" in err
+    assert "lr 0.002, epochs 2" in err and f"--config {tmp_path / 'run' / 'args.yaml'}" in err
+    assert args.lr == 0.002  # what it warns about: the stage's rate would be the end-to-end stage's
+    parse_args(["distill", "--config", str(stage / "args.yaml"), "--stages", "attention", *new])
+    parse_args(["distill", f"--config={tmp_path / 'run' / 'args.yaml'}", *new])
+    assert capsys.readouterr().err == ""
+
+
 def test_resume_judges_each_stage_by_its_own_settings_and_follows_a_longer_plan(digits, tmp_path, capsys):
     """Attention transfer never reads --temperature (it is not refused for it); a longer --transfer-epochs or
     --epochs continues that stage on the new plan; the end-to-end stage still refuses its own changed settings."""
