@@ -239,36 +239,38 @@ class _Run:
 
 
 def _config_file(argv: list[str]) -> str | None:
-    return _flag_value(argv, "--config")
-
-
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    """The value given to flag on the command line (`--flag V` or `--flag=V`), before parsing; None if absent."""
     for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
+        if arg == "--config" and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith(f"{flag}="):
+        if arg.startswith("--config="):
             return arg.split("=", 1)[1]
     return None
 
 
-def stage_config_warning(path: str, values: dict, stages_flag: str | None) -> str | None:
-    """A line where --config is OUT/attention/args.yaml of a two-stage distill: that stage's record, whose lr and
-    epochs are the transfer's, so a rerun with both stages would train end to end at the transfer's rate and
-    length. None where the run's own file is read, or where --stages attention reruns just that stage."""
-    folder = Path(path).parent
-    if folder.name != "attention" or values.get("stages") != "both" or stages_flag == "attention":
+def stage_config_warning(path: str, values: dict, args: argparse.Namespace) -> str | None:
+    """A line where `linvit distill --config` reads OUT/attention/args.yaml, a two-stage run's first-stage record:
+    its lr and epochs are the transfer's, and the end-to-end stage of the new run would train with them. None for
+    a run's own file (a run of its own named attention has its own attention/ inside), for --stages attention,
+    where both lr and epochs are given anew, and for --output that stage folder (refused with its own line)."""
+    folder = Path(path).resolve().parent
+    if folder.name != "attention" or values.get("stages") != "both" or (folder / "attention").is_dir():
         return None
+    overridden = args.lr != values.get("lr") and args.epochs != values.get("epochs")
+    if args.stages == "attention" or overridden or Path(str(args.output)).resolve() == folder:
+        return None
+    whole = folder.parent / "args.yaml"  # written when the run's end-to-end stage starts
+    rerun = f"--config {whole}" if whole.is_file() else f"the run's own flags ({whole} is not written yet)"
     return (
         f"linvit distill: warning: --config {path} is the attention-transfer stage of the run in {folder.parent}: "
-        f"its lr and epochs are that stage's (lr {values.get('lr')}, epochs {values.get('epochs')}), and both "
-        f"stages would train with them; rerun the whole run with --config {folder.parent / 'args.yaml'}, or this "
-        "stage alone with --stages attention"
+        f"its lr and epochs are that stage's (lr {values.get('lr')}, epochs {values.get('epochs')}), and the "
+        f"end-to-end stage would train with them; rerun the whole run with {rerun}, or this stage alone with "
+        "--stages attention"
     )
 
 
-def _apply_config(p: argparse.ArgumentParser, path: str, argv_stages: str | None = None) -> None:
-    """Make the YAML file's values the command's defaults (timm's train.py convention), checked like flags."""
+def _apply_config(p: argparse.ArgumentParser, path: str) -> dict:
+    """Make the YAML file's values the command's defaults (timm's train.py convention), checked like flags;
+    returns them."""
     import yaml
 
     try:
@@ -277,9 +279,6 @@ def _apply_config(p: argparse.ArgumentParser, path: str, argv_stages: str | None
         p.error(f"--config {path}: cannot read it as YAML text ({type(err).__name__}: {err})")
     if not isinstance(values, dict):
         p.error(f"--config {path}: expected a mapping of flag names to values")
-    notice = stage_config_warning(path, values, argv_stages)
-    if notice:
-        print(notice, file=sys.stderr)
     actions = _config_keys(p)
     defaults = {}
     for key, value in values.items():
@@ -294,6 +293,7 @@ def _apply_config(p: argparse.ArgumentParser, path: str, argv_stages: str | None
         if any(a.dest in defaults for a in group._group_actions):
             group.required = False
     p.set_defaults(**defaults)
+    return values
 
 
 def _config_keys(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -346,11 +346,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         leaf = parser.commands.get(tuple(argv[:2])) or parser.commands.get(tuple(argv[:1]))
         if leaf is None:
             parser.error("--config goes after the command, e.g. `linvit train --config run.yaml`")
-        _apply_config(leaf, config, _flag_value(argv, "--stages"))
+        values = _apply_config(leaf, config)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the command's own parser: "linvit train: error: ... (see linvit train --help)"
         leaf = parser.commands.get(tuple(argv[:2])) or parser.commands.get(tuple(argv[:1])) or parser
         leaf.error(f"unrecognized arguments: {' '.join(unknown)}")
+    notice = stage_config_warning(config, values, args) if config is not None and argv[0] == "distill" else None
+    if notice:
+        print(notice, file=sys.stderr)
     return _fill_defaults(args)
 
 

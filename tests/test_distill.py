@@ -398,25 +398,32 @@ def test_a_stage_folder_is_not_taken_for_a_run(digits, tmp_path, capsys):
     assert cli_main(own) == 0 and cli_main([*own, "--resume", "auto"]) == 0  # a run named attention is a run
 
 
-def test_a_stage_record_given_as_config_is_named_before_it_trains_both_stages(tmp_path, capsys):
+def test_a_stage_record_given_as_config_is_named_before_it_trains_both_stages(tmp_path, capsys, monkeypatch):
     """--config OUT/attention/args.yaml --output NEW reran both stages with the transfer's lr and epochs (the
-    stage's record holds them under lr and epochs): a warning names the run's own file; --stages attention (that
-    stage alone, which reads --transfer-lr) and the run's own args.yaml are silent."""
+    stage's record holds them under lr and epochs): a warning names the run's own file. Silent: --stages attention
+    (that stage alone reads --transfer-lr), both lr and epochs given anew, the run's own args.yaml, a run of its
+    own named attention, and other commands."""
     from linvit_cli import parse_args
 
     stage = tmp_path / "run" / "attention"
     stage.mkdir(parents=True)
     record = {"teacher": "t", "data": "d", "output": str(stage), "stages": "both", "lr": 0.002, "epochs": 2}
     (stage / "args.yaml").write_text(yaml.safe_dump({**record, "transfer_lr": 0.002, "transfer_epochs": 2}))
-    (tmp_path / "run" / "args.yaml").write_text(yaml.safe_dump({**record, "output": str(stage.parent), "lr": 1e-4}))
     new = ["--output", str(tmp_path / "new")]
     args = parse_args(["distill", "--config", str(stage / "args.yaml"), *new])
     err = capsys.readouterr().err
-    assert f"is the attention-transfer stage of the run in {tmp_path / 'run'}" in err
-    assert "lr 0.002, epochs 2" in err and f"--config {tmp_path / 'run' / 'args.yaml'}" in err
+    assert f"is the attention-transfer stage of the run in {tmp_path / 'run'}" in err and "lr 0.002, epochs 2" in err
+    assert "the run's own flags" in err  # OUT/args.yaml is written when the end-to-end stage starts
     assert args.lr == 0.002  # what it warns about: the stage's rate would be the end-to-end stage's
+    (tmp_path / "run" / "args.yaml").write_text(yaml.safe_dump({**record, "output": str(stage.parent), "lr": 1e-4}))
+    monkeypatch.chdir(stage)  # a relative path to the same record
+    parse_args(["distill", "--config=args.yaml", "--lr", "1e-4", *new])  # lr given anew, epochs not
+    assert f"--config {tmp_path / 'run' / 'args.yaml'}" in capsys.readouterr().err
     parse_args(["distill", "--config", str(stage / "args.yaml"), "--stages", "attention", *new])
-    parse_args(["distill", f"--config={tmp_path / 'run' / 'args.yaml'}", *new])
+    parse_args(["distill", "--config", str(stage / "args.yaml"), "--lr", "1e-4", "--epochs", "1", *new])
+    parse_args(["distill", "--config", str(tmp_path / "run" / "args.yaml"), *new])
+    (stage / "attention").mkdir()  # OUT/attention is then a run of its own (with its own first stage)
+    parse_args(["distill", "--config", str(stage / "args.yaml"), *new])
     assert capsys.readouterr().err == ""
 
 

@@ -197,9 +197,12 @@ def test_a_window_that_covers_the_whole_context_is_warned_about():
     assert window_covers_context_warning(config.replace(window=None)) is None
 
 
-def test_the_committed_recipe_sweep_table_is_generated_from_the_committed_json(monkeypatch):
-    """docs/results.md's 64-token recipe sweep is scripts/distill_recipe_sweep.py's table of
-    docs/distill/recipe_sweep64.json; every variant row is paired with the recipe's own runs of its seeds."""
+@pytest.mark.parametrize("task", ["digit64", "max", "digit"])
+def test_the_committed_recipe_sweep_table_is_generated_from_the_committed_json(monkeypatch, task):
+    """docs/results.md's recipe sweeps (64 tokens; `max` and `digit` at 16) are scripts/distill_recipe_sweep.py's
+    tables of docs/distill/recipe_sweep64.json, _max.json and _digit.json (and the three side by side); every
+    variant row is paired with the recipe's own runs of its seeds, and the joined learned-discount row with the
+    anchor's runs of the other two changes."""
     import json
     import sys
     from pathlib import Path
@@ -209,8 +212,14 @@ def test_the_committed_recipe_sweep_table_is_generated_from_the_committed_json(m
     monkeypatch.delitem(sys.modules, "distill_recipe_sweep", raising=False)
     import distill_recipe_sweep as sweep
 
-    data = json.loads(sweep.FILE.read_text())
-    assert sweep.table(data) in sweep.DOC.read_text()
+    data = json.loads(sweep.sweep_file(task).read_text())
+    assert data["task"] == task
+    marker = sweep.TASKS_SWEPT[task][1]
+    doc = sweep.DOC.read_text()
+    section = doc[doc.index(f"<!-- {marker}:begin -->") : doc.index(f"<!-- {marker}:end -->")]
+    assert sweep.table(data) in section
+    every = {t: json.loads(sweep.sweep_file(t).read_text()) for t in sweep.TASKS_SWEPT}
+    assert sweep.across_tasks(every) in doc
     recipes = {r["form"]: dict(zip(r["seeds"], r["val_top1"], strict=True)) for r in data["rows"] if not r["vs_recipe"]}
     for row in data["rows"]:
         if row["variant"] == "recipe":
@@ -248,17 +257,117 @@ def test_a_sweep_over_fewer_seeds_does_not_shrink_the_committed_table(monkeypatc
         return {"form": "katz_rows:hedgehog", "variant": variant, "seeds": list(range(len(values))),
                 "val_top1": values}  # fmt: skip
 
-    committed = {"teachers": {"0": 80.0, "1": 79.0, "2": 81.0}, "rows": [row("recipe", [78.0, 77.0, 79.0])]}
+    committed = {"task": "digit64", "teachers": {"0": 80.0, "1": 79.0, "2": 81.0},
+                 "rows": [row("recipe", [78.0, 77.0, 79.0])]}  # fmt: skip
     monkeypatch.setattr(sweep, "FILE", tmp_path / "sweep.json")
-    sweep.FILE.write_text(json.dumps(committed))
-    local = {"teachers": {0: 80.0}, "rows": [row("recipe", [78.0]), row("lr_3e-4", [77.0])]}
+    sweep.sweep_file("digit64").write_text(json.dumps(committed))
+    local = {"task": "digit64", "teachers": {0: 80.0}, "rows": [row("recipe", [78.0]), row("lr_3e-4", [77.0])]}
     merged = sweep._merged(local)
     assert [(r["variant"], len(r["seeds"])) for r in merged["rows"]] == [("recipe", 3), ("lr_3e-4", 1)]
     assert merged["teachers"] == {0: 80.0, 1: 79.0, 2: 81.0}
-    other = {"teachers": {0: 80.2}, "rows": [row("recipe", [78.2])]}
+    assert sweep._merged({**local, "task": "max"}) == {**local, "task": "max"}  # another task's file, none yet
+    other = {"task": "digit64", "teachers": {0: 80.2}, "rows": [row("recipe", [78.2])]}
     assert sweep._merged(other) == other
-    changed = {"teachers": {0: 80.0}, "rows": [row("recipe", [78.4]), row("lr_3e-4", [77.0])]}  # same teacher
+    changed = {"task": "digit64", "teachers": {0: 80.0}, "rows": [row("recipe", [78.4]), row("lr_3e-4", [77.0])]}
     assert sweep._merged(changed) == changed  # its variants are paired with its own recipe run, not the committed
+
+
+def test_a_sweep_trains_its_teachers_first_and_gives_the_anchor_no_discount_variant(monkeypatch):
+    """`--task max` distils the protocol's `max` teachers, trained by the sweep itself before any student; a
+    variant that changes the discount runs for the Katz form only (the anchor has none: distill refuses it)."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    monkeypatch.delitem(sys.modules, "distill_recipe_sweep", raising=False)
+    import distill_recipe_sweep as sweep
+
+    variants = ["map_lr_1e-2+f128", "gamma_lr_1e-1+map_lr_1e-2+f128"]
+    found = sweep.stages(Path("OUT"), "max", [0, 1], list(sweep.FORMS), variants)
+    assert [s.name for s in found[:2]] == ["train/max/softmax/s0", "train/max/softmax/s1"]
+    students = [s for s in found if s.argv[0] == "distill"]
+    assert all("digits:max,canvas=64,clutter=0,length=" in " ".join(s.argv) for s in students)
+    assert all("OUT/vision_max/runs/max/softmax/s" in " ".join(s.argv) for s in students)
+    names = {s.name for s in students}
+    assert "sweep/gamma_lr_1e-1+map_lr_1e-2+f128/katz_rows:hedgehog/s1" in names
+    assert "sweep/map_lr_1e-2+f128/linear_attention:hedgehog/s1" in names
+    assert not any("gamma_" in n and "linear_attention" in n for n in names)
+    assert len(students) == 2 * (2 + 3)  # per seed: each form's recipe, Katz's two variants, the anchor's one
+
+
+def test_the_tasks_table_judges_the_goal_on_every_task_from_unrounded_means(monkeypatch):
+    """A Katz variant meets the 99% goal only where its mean keeps it on every task of the table: 98.96 (printed
+    99.0) is missed, a task it did not run is said, and a variant run on one task only is left out."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    monkeypatch.delitem(sys.modules, "distill_recipe_sweep", raising=False)
+    import distill_recipe_sweep as sweep
+
+    def row(variant, mean, form="katz_rows:hedgehog"):
+        retention = {"n": 3, "mean": mean, "low": mean - 1, "high": mean + 1}
+        return {"form": form, "variant": variant, "retention": retention}
+
+    datas = {
+        "max": {"rows": [row("recipe", 99.5), row("gamma_lr_1e-1", 100.2), row("gamma_0.1", 99.1),
+                         row("recipe", 100.7, sweep.ANCHOR)]},
+        "digit64": {"rows": [row("recipe", 98.96), row("gamma_lr_1e-1", 99.0), row("lr_3e-4", 95.0)]},
+        "digit": {"rows": [row("recipe", 99.4), row("gamma_0.1", 99.3)]},
+    }  # fmt: skip
+    katz = sweep.FORMS["katz_rows:hedgehog"]
+    lines = {line.split(" | ")[1]: line for line in sweep.across_tasks(datas).splitlines()[4:] if katz in line}
+    assert lines["recipe"].endswith("| 99.4 [98.4, 100.4] | 99.5 [98.5, 100.5] | 99.0 [98.0, 100.0] "
+                                    "| missed (98.96% on `digit`, 64 tokens) |")  # fmt: skip
+    assert lines[sweep.SWEEP["gamma_lr_1e-1"][0]].endswith("| - | 100.2 [99.2, 101.2] | 99.0 [98.0, 100.0] "
+                                                          "| not run on every task |")  # fmt: skip
+    assert lines[sweep.SWEEP["gamma_0.1"][0]].endswith("| 99.3 [98.3, 100.3] | 99.1 [98.1, 100.1] | - "
+                                                      "| not run on every task |")  # fmt: skip
+    assert sweep.SWEEP["lr_3e-4"][0] not in lines  # one task only
+    assert "| `adala` (the anchor) | recipe | - | 100.7 [99.7, 101.7] | - | - |" in sweep.across_tasks(datas)
+    datas["digit"]["rows"].append(row("gamma_lr_1e-1", 99.0))
+    assert sweep.across_tasks(datas).count("| met |") == 1
+    datas["digit"]["rows"][-1]["retention"]["n"] = 1  # one seed: not the goal's measurement
+    assert "| met |" not in sweep.across_tasks(datas) and "| fewer than 3 seeds |" in sweep.across_tasks(datas)
+
+
+def test_a_merged_sweep_pairs_what_it_shows_and_counts_only_finished_teachers(monkeypatch, tmp_path):
+    """A checkout without the anchor's runs keeps the committed table's anchor comparison (the pairs come from the
+    merged rows, not from the folders on disk), and a teacher still training in a parallel sweep (metrics.jsonl,
+    no model yet) is not read as a teacher at an intermediate accuracy."""
+    import json
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    monkeypatch.delitem(sys.modules, "distill_recipe_sweep", raising=False)
+    import distill_recipe_sweep as sweep
+
+    def row(form, variant, values):
+        return {"form": form, "variant": variant, "seeds": [0, 1, 2], "val_top1": values,
+                "retention": {"n": 3, "mean": 0.0, "low": 0.0, "high": 0.0}, "discounts": None}  # fmt: skip
+
+    katz = "katz_rows:hedgehog"
+    committed = [row(katz, "recipe", [78.0, 77.0, 79.0]), row(sweep.ANCHOR, "recipe", [79.0, 78.0, 80.0])]
+    committed.append(row(sweep.ANCHOR, "feature_dim_128", [80.0, 79.0, 81.0]))
+    monkeypatch.setattr(sweep, "FILE", tmp_path / "sweep.json")
+    teachers = {"0": 80.0, "1": 79.0, "2": 81.0}
+    sweep.sweep_file("digit64").write_text(json.dumps({"task": "digit64", "teachers": teachers, "rows": committed}))
+    mine = [row(katz, "recipe", [78.0, 77.0, 79.0]), row(katz, "gamma_lr_1e-1+feature_dim_128", [80.0, 78.0, 80.0])]
+    local = {"task": "digit64", "teachers": {0: 80.0, 1: 79.0, 2: 81.0}, "rows": sweep.with_pairs(mine)}
+    assert local["rows"][0]["vs_anchor"] is None  # this checkout has no anchor runs
+    merged = {(r["form"], r["variant"]): r for r in sweep._merged(local)["rows"]}
+    assert merged[(katz, "recipe")]["vs_anchor"]["mean"] == pytest.approx(-1.0)
+    assert merged[(katz, "gamma_lr_1e-1+feature_dim_128")]["vs_anchor"]["mean"] == pytest.approx(-2 / 3)
+    assert merged[(katz, "gamma_lr_1e-1+feature_dim_128")]["vs_recipe"]["mean"] == pytest.approx(4 / 3)
+
+    part = tmp_path / "out" / sweep.PARTS["digit64"]
+    for seed in (0, 1):
+        run = part / f"runs/digit/softmax/s{seed}"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"epoch": 13, "val_top1": 80.0 + seed}) + "\n")
+    (part / "runs/digit/softmax/s0/model.safetensors").write_bytes(b"")
+    assert sweep.summary(tmp_path / "out", "digit64")["teachers"] == {0: 80.0}  # s1 is still training
 
 
 def test_a_change_that_rounds_to_zero_prints_without_a_minus_sign(monkeypatch):
