@@ -334,6 +334,30 @@ def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tm
     assert "first stage of the run in the folder above" in stage_card and "--config ../args.yaml" in stage_card
 
 
+def test_eval_of_a_distill_runs_state_names_where_its_student_is(digits, tmp_path, capsys):
+    """A distill run's last.pth is the distillation's state (student and teacher), not a model's weights: eval
+    crashed on it (no model name in args.yaml) or, given --model, failed on every key; now one line says where the
+    student is: the finished run's folder, or before the end its finished attention-transfer stage."""
+    argv = ["distill", "--teacher", "vit_4l_patch16_224", "--model-kwargs", *(f"{k}={v}" for k, v in TINY_VIT.items())]
+    argv += ["--data", str(digits), "--img-size", "32", "--mixer", "pure_infsa", "--workers", "0", "--device", "cpu"]
+    argv += ["--no-progress", "--batch-size", "8", "--epochs", "1", "--transfer-epochs", "1"]
+    run = tmp_path / "run"
+    assert cli_main([*argv, "--output", str(run)]) == 0
+    capsys.readouterr()
+    evaluate = ["eval", "--data", str(digits), "--workers", "0", "--checkpoint"]
+    assert cli_main([*evaluate, str(run / "last.pth")]) == 2
+    assert f"not a model's weights: evaluate the run ({run})" in capsys.readouterr().err
+    for name in ("model.safetensors", "config.json"):  # the end-to-end stage not finished yet
+        (run / name).unlink()
+    for checkpoint in (run, run / "last.pth"):
+        for model in ([], ["--model", "vit_4l_patch16_224"]):
+            assert cli_main([*evaluate, str(checkpoint), *model]) == 2
+            err = capsys.readouterr().err
+            assert "has not finished" in err and f"attention-transfer stage ({run / 'attention'})" in err, err
+            assert "Traceback" not in err
+    assert cli_main([*evaluate, str(run / "attention")]) == 0  # where the message points
+
+
 @pytest.mark.parametrize(
     "stages,inner,refused",
     [("both", False, True), ("both", True, False), ("attention", False, False), ("end-to-end", False, False)],

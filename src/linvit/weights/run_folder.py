@@ -85,10 +85,14 @@ def use_run_folder(config: C) -> tuple[C, Path | None]:
     path, changes = check_exists(config.checkpoint), {}
     if path.is_dir():
         if not (path / WEIGHTS).is_file():
+            if _is_distill_run(path):
+                raise UsageError(_distill_state(path, path))
             raise UsageError(f"{path}: no {WEIGHTS} in this folder (a run that has not finished? pass its last.pth)")
         changes["checkpoint"] = str(path / WEIGHTS)
     checkpoint = changes.get("checkpoint", config.checkpoint)
     folder = Path(checkpoint).parent
+    if Path(checkpoint).suffix in (".pth", ".pt") and _is_distill_run(folder):  # not a model's weights
+        raise UsageError(_distill_state(Path(checkpoint), folder))
     if not (folder / ARGS).is_file():
         if config.model is None:
             raise UsageError(f"--model is required: {checkpoint} is not in a linvit run folder (no {ARGS})")
@@ -101,7 +105,31 @@ def use_run_folder(config: C) -> tuple[C, Path | None]:
         changes["split"] = run["val_split"]
     if config.model is None and "model" not in run:
         changes.update(_timm_folder_model(folder, config))
+        if "model" not in changes:  # no config.json yet: the run has not finished
+            if _is_distill_run(folder):
+                raise UsageError(_distill_state(Path(checkpoint), folder))
+            raise UsageError(f"--model is required: {folder / ARGS} names no model")
     return config.replace(**changes), folder
+
+
+def _is_distill_run(folder: Path) -> bool:
+    """A `linvit distill` run folder: its args.yaml names a teacher (and no model: the student is made from it)."""
+    return (folder / ARGS).is_file() and "teacher" in run_args(folder) and "model" not in run_args(folder)
+
+
+def _distill_state(checkpoint: Path, folder: Path) -> str:
+    """Where a distill run's student is, for a path that is not one: the run's model.safetensors once finished,
+    else its finished attention-transfer stage or the run resumed to its end (last.pth holds the whole
+    distillation's state, teacher and all, not a model's weights)."""
+    if (folder / WEIGHTS).is_file():
+        return f"{checkpoint}: the state of a `linvit distill` run, not a model's weights: evaluate the run ({folder})"
+    stage = folder / "attention" / WEIGHTS
+    finished = f"evaluate its finished attention-transfer stage ({stage.parent}), or " if stage.is_file() else ""
+    return (
+        f"{checkpoint}: a `linvit distill` run that has not finished has no student to evaluate ({WEIGHTS} is "
+        f"written at its end; its last.pth holds the whole distillation's state): {finished}resume it with "
+        "--resume auto to finish it"
+    )
 
 
 def check_run_labels(folder: Path | None, data, **labels) -> None:
