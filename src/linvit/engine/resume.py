@@ -211,7 +211,7 @@ def resume_run(
     if run.rank == 0:
         atomic_write_text("".join(json.dumps(h) + "\n" for h in history), run.output / METRICS)
         print(f"resumed from {path} at epoch {ckpt['epoch'] + 1}")
-        if ckpt["epoch"] + 1 >= run.config.epochs:
+        if ckpt["epoch"] + 1 == run.config.epochs:  # past the plan's end: left as it was, or refused (fit.build_run)
             epochs = run.config.epochs
             longer = flag_of("epochs", names)
             print(f"nothing left to train: the run has its {_epochs(epochs)} (a longer {longer} continues it)")
