@@ -268,6 +268,31 @@ def stage_config_warning(path: str, values: dict, args: argparse.Namespace) -> s
     )
 
 
+FORM_SETTINGS = ("gamma_init", "gamma_lr", "map_lr", "feature_dim")  # a distill config's values tied to its mixer
+
+
+def another_forms_settings(argv: list[str], values: dict, args: argparse.Namespace) -> str | None:
+    """Where --mixer on the command line replaces a distill config's, the file's settings of its form (its first
+    discount, the discounts' and maps' rates, the map's size) are left open for the new form's defaults (args
+    changed in place), unless given as flags too; a line names them. A recorded Katz config rerun as the anchor
+    was refused for its --gamma-lr, and a linear-attention one rerun as Katz started at its stored 0.9."""
+    if "mixer" not in values or args.mixer == values["mixer"]:
+        return None
+    typed = {a.split("=")[0] for a in argv if a.startswith("--")}
+    dropped = {}
+    for key in FORM_SETTINGS:
+        if values.get(key) is not None and f"--{key.replace('_', '-')}" not in typed:
+            dropped[key] = values[key]
+            setattr(args, key, None)
+    if not dropped:
+        return None
+    shown = ", ".join(f"{key} {value}" for key, value in dropped.items())
+    return (
+        f"linvit distill: --mixer {args.mixer} replaces the config's {values['mixer']}: its {shown} "
+        f"{'is' if len(dropped) == 1 else 'are'} left to {args.mixer}'s defaults (give as flags what to keep)"
+    )
+
+
 def _apply_config(p: argparse.ArgumentParser, path: str) -> dict:
     """Make the YAML file's values the command's defaults (timm's train.py convention), checked like flags;
     returns them."""
@@ -351,9 +376,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:  # named by the command's own parser: "linvit train: error: ... (see linvit train --help)"
         leaf = parser.commands.get(tuple(argv[:2])) or parser.commands.get(tuple(argv[:1])) or parser
         leaf.error(f"unrecognized arguments: {' '.join(unknown)}")
-    notice = stage_config_warning(config, values, args) if config is not None and argv[0] == "distill" else None
-    if notice:
-        print(notice, file=sys.stderr)
+    if config is not None and argv[0] == "distill":
+        notices = (stage_config_warning(config, values, args), another_forms_settings(argv, values, args))
+        for notice in filter(None, notices):
+            print(notice, file=sys.stderr)
     return _fill_defaults(args)
 
 

@@ -451,6 +451,38 @@ def test_a_stage_record_given_as_config_is_named_before_it_trains_both_stages(tm
     assert capsys.readouterr().err == ""
 
 
+def test_a_config_rerun_as_another_form_leaves_the_old_forms_settings_open(tmp_path, capsys):
+    """A recorded Katz config rerun with --mixer linear_attention:hedgehog was refused for its gamma_lr, and a
+    linear-attention one rerun as Katz started at its stored 0.9 (9x its teacher's output): the file's first
+    discount, rates and map size are left to the new form's defaults, said in one line; given as flags, kept."""
+    from linvit_cli import parse_args
+
+    record = {"teacher": "t", "data": "d", "output": str(tmp_path / "run"), "stages": "both"}
+    katz = {**record, "mixer": "katz_rows:hedgehog", "gamma_init": 0.5, "gamma_lr": 0.1, "map_lr": 0.01}
+    (tmp_path / "katz.yaml").write_text(yaml.safe_dump({**katz, "feature_dim": 128}))
+    plain = {**record, "mixer": "linear_attention:hedgehog", "gamma_init": 0.9, "gamma_lr": None}
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(plain))
+    new = ["--output", str(tmp_path / "new")]
+    args = parse_args(
+        ["distill", "--config", str(tmp_path / "katz.yaml"), "--mixer", "linear_attention:hedgehog", *new]
+    )
+    assert (args.gamma_init, args.gamma_lr, args.map_lr, args.feature_dim) == (None, None, None, None)
+    err = capsys.readouterr().err
+    assert (
+        "replaces the config's katz_rows:hedgehog: its gamma_init 0.5, gamma_lr 0.1, map_lr 0.01, feature_dim 128"
+        in err
+    )
+    args = parse_args(["distill", "--config", str(tmp_path / "plain.yaml"), "--mixer", "katz_infsa", *new])
+    assert args.gamma_init is None and "its gamma_init 0.9 is left to katz_infsa's defaults" in capsys.readouterr().err
+    args = parse_args(["distill", "--config", str(tmp_path / "katz.yaml"), "--mixer", "pure_infsa", "--gamma-lr=0.1"]
+                      + ["--feature-dim", "64", *new])  # fmt: skip
+    assert (args.gamma_init, args.gamma_lr, args.map_lr, args.feature_dim) == (None, 0.1, None, 64)
+    capsys.readouterr()
+    args = parse_args(["distill", "--config", str(tmp_path / "katz.yaml"), "--mixer", "katz_rows:hedgehog", *new])
+    assert (args.gamma_init, args.gamma_lr, args.feature_dim) == (0.5, 0.1, 128)  # the same form: the file's
+    assert capsys.readouterr().err == ""
+
+
 def test_resume_judges_each_stage_by_its_own_settings_and_follows_a_longer_plan(digits, tmp_path, capsys):
     """Attention transfer never reads --temperature (it is not refused for it); a longer --transfer-epochs or
     --epochs continues that stage on the new plan; the end-to-end stage still refuses its own changed settings."""
