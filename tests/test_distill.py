@@ -331,7 +331,8 @@ def test_both_stages_resume_bit_exactly_and_the_folder_is_the_student(digits, tm
     card = (tmp_path / "full" / "README.md").read_text()
     assert "# pure_infsa student of vit_4l_patch16_224" in card and "10 classes" in card
     stage_card = (tmp_path / "full" / "attention" / "README.md").read_text()
-    assert "first stage of the run in the folder above" in stage_card and "--config ../args.yaml" in stage_card
+    assert "first stage of the run in the folder above" in stage_card
+    assert f"--config {tmp_path / 'full' / 'args.yaml'}" in stage_card  # as the run was given its --output
 
 
 def test_eval_of_a_distill_runs_state_names_where_its_student_is(digits, tmp_path, capsys):
@@ -814,9 +815,13 @@ def test_a_run_card_says_how_to_rerun_and_use_its_folder():
 
     from linvit.utils.artifacts import _rerun_line, _use_section
 
-    assert "folder above" in _rerun_line({"stage": "attention"}, {"stages": "both"}, "linvit distill")
-    own = _rerun_line({"stage": "attention"}, {"stages": "attention"}, "linvit distill")
-    assert own == "`linvit distill --config args.yaml --output NEW` reruns it"
+    stage = _rerun_line({"stage": "attention"}, {"stages": "both", "output": "runs/d/attention"}, "linvit distill")
+    assert "folder above: `linvit distill --config runs/d/args.yaml --output NEW`, from the folder the run" in stage
+    own = _rerun_line({"stage": "attention"}, {"stages": "attention", "output": "runs/a"}, "linvit distill")
+    assert (
+        own
+        == "`linvit distill --config runs/a/args.yaml --output NEW`, from the folder the run was started in, reruns it"
+    )
     assert "linvit detect eval --checkpoint runs/d" in _use_section({"task": "detection"}, {}, P("runs/d"))
     assert "linvit generate sample --checkpoint runs/g" in _use_section({"task": "generation"}, {}, P("runs/g"))
     assert "linvit eval --checkpoint runs/c --data DATA" in _use_section({"task": "classification"}, {}, P("runs/c"))

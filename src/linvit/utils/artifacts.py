@@ -154,12 +154,15 @@ def _card_title(info: dict) -> str:
 
 
 def _rerun_line(info: dict, args: dict, command: str) -> str:
-    """How to train the folder again: a stage of a two-stage distillation is rerun through its whole run."""
+    """How to train the folder again, from where the run was started (args.yaml's relative paths, the data's and
+    the output's, are that folder's): a stage of a two-stage distillation is rerun through its whole run."""
+    out = Path(str(args.get("output") or "."))
     if info.get("stage") == "attention" and args.get("stages") != "attention":
         return (
-            f"the first stage of the run in the folder above: `{command} --config ../args.yaml --output NEW` reruns it"
+            f"the first stage of the run in the folder above: `{command} --config {out.parent / 'args.yaml'} --output "
+            "NEW`, from the folder the run was started in, reruns it"
         )
-    return f"`{command} --config args.yaml --output NEW` reruns it"
+    return f"`{command} --config {out / 'args.yaml'} --output NEW`, from the folder the run was started in, reruns it"
 
 
 def _use_section(info: dict, config: dict, output: Path) -> str:
