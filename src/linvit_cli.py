@@ -268,28 +268,40 @@ def stage_config_warning(path: str, values: dict, args: argparse.Namespace) -> s
     )
 
 
-FORM_SETTINGS = ("gamma_init", "gamma_lr", "map_lr", "feature_dim")  # a distill config's values tied to its mixer
-
-
 def another_forms_settings(argv: list[str], values: dict, args: argparse.Namespace) -> str | None:
-    """Where --mixer on the command line replaces a distill config's, the file's settings of its form (its first
-    discount, the discounts' and maps' rates, the map's size) are left open for the new form's defaults (args
-    changed in place), unless given as flags too; a line names them. A recorded Katz config rerun as the anchor
-    was refused for its --gamma-lr, and a linear-attention one rerun as Katz started at its stored 0.9."""
-    if "mixer" not in values or args.mixer == values["mixer"]:
+    """Where --mixer on the command line replaces a distill config's, the file's settings the new form refuses
+    (a discount's rate where it has none, a learned map's size and rate where it has none) and a first discount
+    that was the old form's default are left open for the new form's defaults (args changed in place), unless
+    typed as flags too; a line names them. A recorded Katz config rerun as the anchor was refused for its
+    --gamma-lr, and a linear-attention one rerun as Katz started at its stored 0.9."""
+    from linvit.distillation.task import default_gamma  # torch: only for such a rerun
+    from linvit.errors import UsageError
+    from linvit.mixers import get_mixer
+
+    values = {str(k).replace("-", "_"): v for k, v in values.items()}
+    old, new = values.get("mixer"), args.mixer
+    if old in (None, "auto") or new == "auto" or new == old:
         return None
-    typed = {a.split("=")[0] for a in argv if a.startswith("--")}
+    try:
+        discount = get_mixer(new.partition(":")[0], warn=False).discount
+    except UsageError:  # an unknown form: the config's own check names it
+        return None
+    maps = new.endswith(":hedgehog")
+    refused = {"gamma_lr": not discount, "map_lr": not maps, "feature_dim": not maps}
+    refused["gamma_init"] = not discount or values.get("gamma_init") == default_gamma(old) != default_gamma(new)
+    typed = [a.split("=")[0] for a in argv if a.startswith("--") and len(a.split("=")[0]) > 2]
     dropped = {}
-    for key in FORM_SETTINGS:
-        if values.get(key) is not None and f"--{key.replace('_', '-')}" not in typed:
+    for key, drop in refused.items():
+        flag = f"--{key.replace('_', '-')}"
+        if drop and values.get(key) is not None and not any(flag.startswith(t) for t in typed):  # argparse's prefixes
             dropped[key] = values[key]
             setattr(args, key, None)
     if not dropped:
         return None
     shown = ", ".join(f"{key} {value}" for key, value in dropped.items())
     return (
-        f"linvit distill: --mixer {args.mixer} replaces the config's {values['mixer']}: its {shown} "
-        f"{'is' if len(dropped) == 1 else 'are'} left to {args.mixer}'s defaults (give as flags what to keep)"
+        f"linvit distill: --mixer {new} replaces the config's {old}: its {shown} "
+        f"{'is' if len(dropped) == 1 else 'are'} left to {new}'s defaults (give as flags what to keep)"
     )
 
 

@@ -357,6 +357,12 @@ def test_eval_of_a_distill_runs_state_names_where_its_student_is(digits, tmp_pat
             assert "has not finished" in err and f"attention-transfer stage ({run / 'attention'})" in err, err
             assert "Traceback" not in err
     assert cli_main([*evaluate, str(run / "attention")]) == 0  # where the message points
+    (run / "attention" / "model.safetensors").unlink()  # the first stage unfinished too
+    assert cli_main([*evaluate, str(run / "attention" / "last.pth")]) == 2
+    assert f"resume the run it is the first stage of ({run})" in capsys.readouterr().err
+    torch.save({"w": torch.zeros(1)}, run / "mine.pt")  # a file of one's own in the folder is not the run's state
+    assert cli_main([*evaluate, str(run / "mine.pt"), "--model", "vit_4l_patch16_224"]) != 0
+    assert "linvit distill" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -454,34 +460,32 @@ def test_a_stage_record_given_as_config_is_named_before_it_trains_both_stages(tm
 
 def test_a_config_rerun_as_another_form_leaves_the_old_forms_settings_open(tmp_path, capsys):
     """A recorded Katz config rerun with --mixer linear_attention:hedgehog was refused for its gamma_lr, and a
-    linear-attention one rerun as Katz started at its stored 0.9 (9x its teacher's output): the file's first
-    discount, rates and map size are left to the new form's defaults, said in one line; given as flags, kept."""
+    linear-attention one rerun as Katz started at its stored 0.9 (9x its teacher's output): the file's settings the
+    new form refuses, and a first discount that was the old form's default, are left to the new form's defaults,
+    said in one line; typed as flags (argparse's prefixes too), kept; what the new form takes, kept."""
     from linvit_cli import parse_args
 
     record = {"teacher": "t", "data": "d", "output": str(tmp_path / "run"), "stages": "both"}
-    katz = {**record, "mixer": "katz_rows:hedgehog", "gamma_init": 0.5, "gamma_lr": 0.1, "map_lr": 0.01}
+    katz = {**record, "mixer": "katz_rows:hedgehog", "gamma_init": 0.5, "gamma-lr": 0.1, "map_lr": 0.01}
     (tmp_path / "katz.yaml").write_text(yaml.safe_dump({**katz, "feature_dim": 128}))
     plain = {**record, "mixer": "linear_attention:hedgehog", "gamma_init": 0.9, "gamma_lr": None}
     (tmp_path / "plain.yaml").write_text(yaml.safe_dump(plain))
     new = ["--output", str(tmp_path / "new")]
-    args = parse_args(
-        ["distill", "--config", str(tmp_path / "katz.yaml"), "--mixer", "linear_attention:hedgehog", *new]
-    )
-    assert (args.gamma_init, args.gamma_lr, args.map_lr, args.feature_dim) == (None, None, None, None)
-    err = capsys.readouterr().err
-    assert (
-        "replaces the config's katz_rows:hedgehog: its gamma_init 0.5, gamma_lr 0.1, map_lr 0.01, feature_dim 128"
-        in err
-    )
-    args = parse_args(["distill", "--config", str(tmp_path / "plain.yaml"), "--mixer", "katz_infsa", *new])
-    assert args.gamma_init is None and "its gamma_init 0.9 is left to katz_infsa's defaults" in capsys.readouterr().err
-    args = parse_args(["distill", "--config", str(tmp_path / "katz.yaml"), "--mixer", "pure_infsa", "--gamma-lr=0.1"]
-                      + ["--feature-dim", "64", *new])  # fmt: skip
-    assert (args.gamma_init, args.gamma_lr, args.map_lr, args.feature_dim) == (None, 0.1, None, 64)
-    capsys.readouterr()
-    args = parse_args(["distill", "--config", str(tmp_path / "katz.yaml"), "--mixer", "katz_rows:hedgehog", *new])
-    assert (args.gamma_init, args.gamma_lr, args.feature_dim) == (0.5, 0.1, 128)  # the same form: the file's
-    assert capsys.readouterr().err == ""
+
+    def settings(config, *flags):
+        args = parse_args(["distill", "--config", str(tmp_path / config), *flags, *new])
+        return (args.gamma_init, args.gamma_lr, args.map_lr, args.feature_dim), capsys.readouterr().err
+
+    found, err = settings("katz.yaml", "--mixer", "linear_attention:hedgehog")
+    assert found == (None, None, 0.01, 128)  # the same learned map: its size and rate kept
+    assert "replaces the config's katz_rows:hedgehog: its gamma_lr 0.1, gamma_init 0.5 are left to" in err
+    found, err = settings("plain.yaml", "--mixer", "katz_infsa")
+    assert found[0] is None and "its gamma_init 0.9 is left to katz_infsa's defaults" in err
+    assert settings("katz.yaml", "--mixer", "pure_infsa", "--gamma-l=0.2", "--feature-dim", "64")[0] == (
+        None, 0.2, None, 64)  # fmt: skip
+    assert settings("katz.yaml", "--mixer", "katz_infsa:hedgehog") == ((0.5, 0.1, 0.01, 128), "")  # takes them all
+    assert settings("katz.yaml", "--mixer", "auto") == ((0.5, 0.1, 0.01, 128), "")  # auto decides later
+    assert settings("katz.yaml", "--mixer", "katz_rows:hedgehog") == ((0.5, 0.1, 0.01, 128), "")
 
 
 def test_resume_judges_each_stage_by_its_own_settings_and_follows_a_longer_plan(digits, tmp_path, capsys):

@@ -553,10 +553,12 @@ def refuse_a_stage_folder(out: Path) -> None:
     # a two-stage run of its own called attention wrote its args.yaml after its own OUT/attention
     if run_args(out).get("stages") == "both" and not (out / "attention").is_dir():
         whole = out.parent / "args.yaml"  # written when the end-to-end stage starts
-        flags = f"--config {whole}" if whole.is_file() else "its own flags"
+        flags = (
+            f"--config {whole}" if whole.is_file() else f"the flags it was started with ({whole} is not written yet)"
+        )
         raise UsageError(
             f"{out} is the attention-transfer stage of the run in {out.parent}: give the run's distill command "
-            f"({flags}, not this stage's args.yaml) --output {out.parent}; with --resume auto it goes on from this "
+            f"({flags}; not this stage's args.yaml) --output {out.parent}; with --resume auto it goes on from this "
             "stage"
         )
 

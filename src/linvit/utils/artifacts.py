@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -158,11 +159,13 @@ def _rerun_line(info: dict, args: dict, command: str) -> str:
     the output's, are that folder's): a stage of a two-stage distillation is rerun through its whole run."""
     out = Path(str(args.get("output") or "."))
     if info.get("stage") == "attention" and args.get("stages") != "attention":
+        config = shlex.quote(str(out.parent / "args.yaml"))
         return (
-            f"the first stage of the run in the folder above: `{command} --config {out.parent / 'args.yaml'} --output "
-            "NEW`, from the folder the run was started in, reruns it"
+            f"the first stage of the run in the folder above: `{command} --config {config} --output NEW`, from the "
+            "folder the run was started in, reruns it"
         )
-    return f"`{command} --config {out / 'args.yaml'} --output NEW`, from the folder the run was started in, reruns it"
+    config = shlex.quote(str(out / "args.yaml"))
+    return f"`{command} --config {config} --output NEW`, from the folder the run was started in, reruns it"
 
 
 def _use_section(info: dict, config: dict, output: Path) -> str:

@@ -17,6 +17,7 @@ from ..errors import UsageError
 from ..utils.artifacts import CONFIG, WEIGHTS
 
 ARGS = "args.yaml"
+LAST = "last.pth"  # a run's training checkpoint (engine.resume.CHECKPOINT, a tier above)
 # what defines the model in a run's args.yaml: taken from the run when no model is named
 MODEL_ARGS = ("model", "model_kwargs", "convert", "pyramid_channels", "head_channels")
 MODEL_ARGS += ("detector", "min_size", "max_size", "anchor_base")  # detection: the detector and its resize
@@ -91,7 +92,7 @@ def use_run_folder(config: C) -> tuple[C, Path | None]:
         changes["checkpoint"] = str(path / WEIGHTS)
     checkpoint = changes.get("checkpoint", config.checkpoint)
     folder = Path(checkpoint).parent
-    if Path(checkpoint).suffix in (".pth", ".pt") and _is_distill_run(folder):  # not a model's weights
+    if Path(checkpoint).name == LAST and _is_distill_run(folder):  # the distillation's state, not a model's weights
         raise UsageError(_distill_state(Path(checkpoint), folder))
     if not (folder / ARGS).is_file():
         if config.model is None:
@@ -105,7 +106,7 @@ def use_run_folder(config: C) -> tuple[C, Path | None]:
         changes["split"] = run["val_split"]
     if config.model is None and "model" not in run:
         changes.update(_timm_folder_model(folder, config))
-        if "model" not in changes:  # no config.json yet: the run has not finished
+        if "model" not in changes:  # no timm config.json (yet): nothing names the model
             if _is_distill_run(folder):
                 raise UsageError(_distill_state(Path(checkpoint), folder))
             raise UsageError(f"--model is required: {folder / ARGS} names no model")
@@ -125,9 +126,11 @@ def _distill_state(checkpoint: Path, folder: Path) -> str:
         return f"{checkpoint}: the state of a `linvit distill` run, not a model's weights: evaluate the run ({folder})"
     stage = folder / "attention" / WEIGHTS
     finished = f"evaluate its finished attention-transfer stage ({stage.parent}), or " if stage.is_file() else ""
+    run = folder.parent if folder.name == "attention" and run_args(folder).get("stages") == "both" else folder
+    resume = "resume it" if run == folder else f"resume the run it is the first stage of ({run})"
     return (
         f"{checkpoint}: a `linvit distill` run that has not finished has no student to evaluate ({WEIGHTS} is "
-        f"written at its end; its last.pth holds the whole distillation's state): {finished}resume it with "
+        f"written at its end; its last.pth holds the whole distillation's state): {finished}{resume} with "
         "--resume auto to finish it"
     )
 
