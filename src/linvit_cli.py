@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -391,7 +392,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if config is not None and argv[0] == "distill":
         notices = (stage_config_warning(config, values, args), another_forms_settings(argv, values, args))
         for notice in filter(None, notices):
-            print(notice, file=sys.stderr)
+            if os.environ.get("RANK", "0") == "0":  # once under torchrun
+                print(notice, file=sys.stderr)
     return _fill_defaults(args)
 
 
