@@ -256,8 +256,9 @@ def stage_config_warning(path: str, values: dict, args: argparse.Namespace) -> s
     folder = Path(path).resolve().parent
     if folder.name != "attention" or values.get("stages") != "both" or (folder / "attention").is_dir():
         return None
-    overridden = args.lr != values.get("lr") and args.epochs != values.get("epochs")
-    if args.stages == "attention" or overridden or Path(str(args.output)).resolve() == folder:
+    given = {k: getattr(args, k, None) for k in ("lr", "epochs", "stages", "output")}  # unset: no attribute yet
+    overridden = given["lr"] != values.get("lr") and given["epochs"] != values.get("epochs")
+    if given["stages"] == "attention" or overridden or Path(str(given["output"])).resolve() == folder:
         return None
     whole = folder.parent / "args.yaml"  # written when the run's end-to-end stage starts
     rerun = f"--config {whole}" if whole.is_file() else f"the run's own flags ({whole} is not written yet)"
@@ -280,8 +281,8 @@ def another_forms_settings(argv: list[str], values: dict, args: argparse.Namespa
     from linvit.mixers import get_mixer
 
     values = {str(k).replace("-", "_"): v for k, v in values.items()}
-    old, new = values.get("mixer"), args.mixer
-    if old in (None, "auto") or new == "auto" or new == old:
+    old, new = values.get("mixer"), getattr(args, "mixer", None)  # flags left unset have no attribute yet
+    if old in (None, "auto") or new in (None, "auto") or new == old:
         return None
     try:
         discount = get_mixer(new.partition(":")[0], warn=False).discount
