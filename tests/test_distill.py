@@ -381,11 +381,12 @@ def test_only_a_two_stage_runs_first_stage_is_refused_as_a_run(tmp_path, stages,
     if not refused:
         refuse_a_stage_folder(out)
         return
-    with pytest.raises(UsageError, match=r"give your distill command --output .*run \(with --resume auto") as err:
+    with pytest.raises(UsageError, match=r"give the run's distill command \(the flags it was started with") as err:
         refuse_a_stage_folder(out)
-    assert "--config" not in str(err.value)  # OUT/args.yaml is written when the end-to-end stage starts
+    assert "--config" not in str(err.value) and "is not written yet" in str(err.value)  # at the end-to-end stage
+    assert f"--output {tmp_path / 'run'}; with --resume auto it goes on from this stage" in str(err.value)
     (tmp_path / "run" / "args.yaml").write_text("stages: both\n")
-    with pytest.raises(UsageError, match=r"or --config .*run/args.yaml"):
+    with pytest.raises(UsageError, match=r"\(--config .*run/args.yaml; not this stage's args.yaml\)"):
         refuse_a_stage_folder(out)
 
 
